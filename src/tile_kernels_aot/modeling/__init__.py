@@ -1,0 +1,1 @@
+"""Autograd wrappers (``torch.autograd.Function``) over the operators."""
