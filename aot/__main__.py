@@ -1,0 +1,5 @@
+import sys
+
+from aot.build import main
+
+sys.exit(main())

@@ -1,0 +1,135 @@
+"""The whole bundle build: table -> lower -> compile -> manifest -> stubs.
+
+Output layout (``--out DIR``)::
+
+    DIR/manifest.json
+    DIR/kernels/<arch>/<kernel>__<config>.cubin
+    DIR/stubs/*.cc            (generated C++ host stubs)
+    DIR/../aot-cache/         (content-hash caches: lowered/*.json, cubin/*.cubin)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from aot import lower as lw
+from aot import manifest as mf
+from aot import stubgen
+from aot.cubin import cubin_arch, has_ptx
+from aot.table import config_key, load_table
+
+KERNEL_MODULES = (
+    "moe.topk_gate",
+    "quant.per_token_cast",
+    "quant.swiglu_forward_and_per_token_cast",
+    "transpose.batched_transpose",
+)
+
+
+def cubin_name(kernel: str, config: dict) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{kernel}__{config_key(config).replace(',', '__')}") + ".cubin"
+
+
+def build_one(kernel: str, config: dict, arch: str, cache_dir: str) -> tuple:
+    """Lower (cached) and compile (cached) one kernel; returns (lowered json, cubin path, what ran)."""
+    from aot.compile import compile_cubin
+
+    cache = Path(cache_dir)
+    key = lw.lowering_key(kernel, config, arch)
+    lowered_path = cache / "lowered" / f"{key}.json"
+    ran = []
+    if lowered_path.exists():
+        lowered = lw.LoweredKernel.from_json(lowered_path.read_text())
+    else:
+        lowered = lw.lower(kernel, config, arch)
+        lowered_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lowered_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(lowered.to_json())
+        os.replace(tmp, lowered_path)
+        ran.append("lowered")
+    before = time.time()
+    cubin = compile_cubin(lowered.source, arch, cache / "cubin")
+    if cubin.stat().st_mtime >= before:
+        ran.append("compiled")
+    return lowered.to_json(), str(cubin), "+".join(ran) or "cached"
+
+
+def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dict:
+    out = Path(out)
+    cache_dir = Path(os.environ.get("TKA_CACHE_DIR", out.parent / "aot-cache"))
+    table = load_table(table_path)
+    unknown = [k for k in table if k not in KERNEL_MODULES]
+    if unknown:
+        raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {list(KERNEL_MODULES)}")
+    tasks = [(k, cfg, arch) for k in KERNEL_MODULES for cfg in table.get(k, []) for arch in archs]
+    log(f"aot build: {len(tasks)} kernels ({len(archs)} archs) from {table_path} with {jobs} jobs")
+    results = {}
+    started = time.time()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(build_one, k, cfg, arch, str(cache_dir)): (k, cfg, arch) for k, cfg, arch in tasks}
+        for done, fut in enumerate(as_completed(futures), 1):
+            k, cfg, arch = futures[fut]
+            lowered_json, cubin, ran = fut.result()
+            results[(k, config_key(cfg), arch)] = (lw.LoweredKernel.from_json(lowered_json), Path(cubin))
+            log(f"[{done}/{len(tasks)}] {k} {config_key(cfg)} {arch}: {ran} ({time.time() - started:.0f}s)")
+
+    kernels_dir = out / "kernels"
+    if kernels_dir.exists():
+        shutil.rmtree(kernels_dir)
+    manifest = {"schema_version": mf.SCHEMA_VERSION, "toolchain": mf.toolchain(), "archs": list(archs),
+                "kernels": {}, "ops": []}
+    units = []
+    for k in KERNEL_MODULES:
+        module = lw.kernel_module(k)
+        spec = module.KERNEL
+        entry = {"static": list(spec.static), "bytes": spec.bytes, "configs": []}
+        for cfg in table.get(k, []):
+            builds = {}
+            for arch in archs:
+                lowered, cubin = results[(k, config_key(cfg), arch)]
+                data = cubin.read_bytes()
+                if cubin_arch(data) != arch or has_ptx(data):
+                    raise RuntimeError(f"{cubin}: expected SASS for {arch} without PTX, got {cubin_arch(data)}")
+                rel = f"{arch}/{cubin_name(k, cfg)}"
+                (kernels_dir / arch).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(cubin, kernels_dir / rel)
+                builds[arch] = mf.kernel_build_record(lowered, rel, data)
+            entry["configs"].append({"config": cfg, "key": config_key(cfg), "builds": builds})
+        manifest["kernels"][k] = entry
+        manifest["ops"] += [mf.op_record(op, k, spec.bytes) for op in module.OPS]
+        units.append((spec, module.OPS, entry, f"kernels_tl/{k.replace('.', '/')}.py"))
+    out.mkdir(parents=True, exist_ok=True)
+    mf.write_manifest(out / "manifest.json", manifest)
+    stubgen.write_stubs(out / "stubs", units)
+    log(f"aot build: wrote {out / 'manifest.json'} and {len(units) + 1} stub files in {time.time() - started:.0f}s")
+    return manifest
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from aot.table import DEFAULT_TABLE
+
+    parser = argparse.ArgumentParser(prog="python -m aot build", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["build"])
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+    parser.add_argument("--table", type=Path, default=DEFAULT_TABLE, help="shape table (default: the wheel's)")
+    parser.add_argument("--arch", default=",".join(lw.ARCHS), help="comma-separated archs (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    archs = [a for a in args.arch.split(",") if a]
+    bad = [a for a in archs if a not in lw.ARCHS]
+    if bad:
+        parser.error(f"unknown arch {bad}; choose from {lw.ARCHS}")
+    build(args.out, args.table, archs, max(1, args.jobs), log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Stage 1: lower one (kernel, static config, arch) with TileLang.
+
+The result is plain data: the CUDA source, the kernel's entry symbol, its
+parameters in device order, and its launch geometry (grid, block, dynamic
+shared memory) as C++ expressions over the kernel's dynamic variables.  This
+stage needs TileLang but no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+ARCHS = ("sm_90a", "sm_100a")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredKernel:
+    kernel: str  # KernelSpec.name
+    config: dict  # static parameters
+    arch: str
+    entry: str  # the __global__ function's symbol
+    source: str  # CUDA C++ source
+    params: list  # [{"name", "kind": "ptr"|"int32"|"int64"|"float32"}] in device order
+    grid: list  # 3 C++ expressions
+    block: list  # 3 ints
+    dyn_smem: str  # C++ expression (bytes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "LoweredKernel":
+        return LoweredKernel(**json.loads(text))
+
+
+def kernel_module(kernel_name: str):
+    """``'moe.topk_gate'`` -> the module ``kernels_tl.moe.topk_gate``."""
+    return importlib.import_module(f"kernels_tl.{kernel_name}")
+
+
+def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
+    """Content hash of everything lowering depends on: the kernel module's source
+    (and the shared spec module), the config, the arch and the TileLang version."""
+    import tilelang
+
+    module = kernel_module(kernel_name)
+    h = hashlib.sha256()
+    h.update(Path(inspect.getfile(module)).read_bytes())
+    h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
+    import tilelang
+    import tvm
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    spec = kernel_module(kernel_name).KERNEL
+    missing = [k for k in spec.static if k not in config]
+    extra = [k for k in config if k not in spec.static]
+    if missing or extra:
+        raise ValueError(f"{kernel_name}: config {config} does not match static params {list(spec.static)}")
+    func = spec.factory(**config)
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    with tvm.transform.PassContext(config=dict(spec.pass_configs)), target:
+        artifact = tilelang.lower(func, target=target)
+
+    device_funcs = list(artifact.device_mod.functions.items())
+    if len(device_funcs) != 1:
+        raise ValueError(f"{kernel_name}: expected one device kernel, got {[str(g) for g, _ in device_funcs]}")
+    gvar, dfunc = device_funcs[0]
+    entry = str(dfunc.attrs["global_symbol"])
+    params = [{"name": p.name, "kind": _param_kind(str(p.dtype))} for p in dfunc.params]
+    launch_names = [str(n) for n in dfunc.attrs["tirx.kernel_launch_params"]]
+    launch_args = _host_launch_args(artifact.host_mod, entry)[len(params):]
+    if len(launch_args) != len(launch_names):
+        raise ValueError(f"{kernel_name}: launch arguments {launch_args} do not match {launch_names}")
+    geometry = dict(zip(launch_names, launch_args))
+    grid = [to_cpp(geometry.get(f"blockIdx.{d}", 1)) for d in "xyz"]
+    block = [int(geometry.get(f"threadIdx.{d}", 1)) for d in "xyz"]
+    dyn_smem = to_cpp(geometry.get("tirx.use_dyn_shared_memory", 0))
+    return LoweredKernel(
+        kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
+        params=params, grid=grid, block=block, dyn_smem=dyn_smem,
+    )
+
+
+def _param_kind(dtype: str) -> str:
+    kinds = {"handle": "ptr", "int32": "int32", "int64": "int64", "float32": "float32"}
+    if dtype not in kinds:
+        raise ValueError(f"unsupported kernel parameter dtype {dtype} (TMA descriptors are not supported)")
+    return kinds[dtype]
+
+
+def _host_launch_args(host_mod, entry: str) -> list:
+    """The arguments of the host module's packed call to ``entry``: the kernel's
+    parameters, then its launch geometry in ``tirx.kernel_launch_params`` order."""
+    from tvm import tirx
+
+    found = []
+
+    def visit(node):
+        if isinstance(node, tirx.Call) and node.op.name == "tirx.tvm_call_packed":
+            if isinstance(node.args[0], tirx.StringImm) and node.args[0].value == entry:
+                found.append(list(node.args[1:]))
+
+    for _, func in host_mod.functions.items():
+        tirx.stmt_functor.post_order_visit(func.body, visit)
+    if len(found) != 1:
+        raise ValueError(f"expected one launch of {entry} in the host module, found {len(found)}")
+    return found[0]
+
+
+def to_cpp(expr) -> str:
+    """Print an integer TIR expression as C++ over ``int64_t`` variables named
+    like the kernel's dynamic variables (read from the launch arguments ``a``)."""
+    from tvm import tirx
+
+    if isinstance(expr, int):
+        return str(expr)
+    if isinstance(expr, tirx.IntImm):
+        return str(int(expr.value))
+    if isinstance(expr, tirx.Var):
+        return expr.name
+    if isinstance(expr, tirx.Cast):
+        return to_cpp(expr.value)
+    binary = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*"}
+    for cls, op in binary.items():
+        if isinstance(expr, cls):
+            return f"({to_cpp(expr.a)} {op} {to_cpp(expr.b)})"
+    calls = {tirx.FloorDiv: "floordiv", tirx.Div: "truncdiv", tirx.FloorMod: "floormod",
+             tirx.Mod: "truncmod", tirx.Min: "std::min<int64_t>", tirx.Max: "std::max<int64_t>"}
+    for cls, fn in calls.items():
+        if isinstance(expr, cls):
+            return f"{fn}({to_cpp(expr.a)}, {to_cpp(expr.b)})"
+    raise ValueError(f"cannot print launch expression {expr!r} ({type(expr).__name__})")

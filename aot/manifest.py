@@ -1,0 +1,68 @@
+"""Stage 3: the manifest -- what a bundle holds, as JSON.
+
+It records the toolchain and, per kernel and static config, each arch's cubin
+(file, sha256, size), entry symbol, parameters and launch geometry, plus the
+public ops with their signatures and byte formulas.  The runtime package
+installs it; ``python -m tile_kernels_aot info`` and the bench read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels_tl", "aot"], capture_output=True,
+                               text=True, cwd=Path(__file__).parent.parent).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def toolchain() -> dict:
+    import tilelang
+
+    from aot import compile as cc
+
+    return {"tilelang": tilelang.__version__, "nvcc": cc.nvcc_version(), "nvcc_flags": list(cc.NVCC_FLAGS),
+            "git_revision": git_revision()}
+
+
+def kernel_build_record(lowered, cubin_rel: str, cubin_bytes: bytes) -> dict:
+    return {
+        "arch": lowered.arch,
+        "cubin": cubin_rel,
+        "sha256": hashlib.sha256(cubin_bytes).hexdigest(),
+        "size": len(cubin_bytes),
+        "entry": lowered.entry,
+        "params": lowered.params,
+        "grid": lowered.grid,
+        "block": lowered.block,
+        "dyn_smem": lowered.dyn_smem,
+    }
+
+
+def op_record(op, kernel_name: str, bytes_formula: str) -> dict:
+    from aot.stubgen import text_signature
+
+    return {"module": op.module, "name": op.name, "kernel": kernel_name, "signature": text_signature(op),
+            "bytes": bytes_formula}
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    Path(path).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def read_manifest(path: Path) -> dict:
+    manifest = json.loads(Path(path).read_text())
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: manifest schema {manifest.get('schema_version')} != {SCHEMA_VERSION}")
+    return manifest

@@ -1,0 +1,156 @@
+// The runtime the generated stubs call: argument parsing, tensor views through
+// torch's DLPack exchange API, output allocation, lazily loaded kernels, launch.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "tka/driver.h"
+
+namespace tka {
+
+constexpr int kMaxDims = 6;
+constexpr int kMaxDevices = 64;
+constexpr int kNumArchs = 2;  // index 0: sm_90a, 1: sm_100a
+extern const char* const kArchNames[kNumArchs];
+
+enum DType : int { BF16, F16, F32, F64, E4M3, I8, U8, I16, I32, I64, BOOL, UNKNOWN };
+const char* dtype_name(DType d);  // torch's name, e.g. "torch.bfloat16"
+const char* short_dtype_name(DType d);  // the shape table's name, e.g. "bfloat16"
+int64_t dtype_bytes(DType d);
+
+// A non-owning view of a torch.Tensor argument (or an absent optional one).
+struct TensorArg {
+  bool present = false;
+  void* data = nullptr;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};  // in elements
+  DType dtype = UNKNOWN;
+  int device = -1;  // CUDA ordinal; -1 for a non-CUDA tensor
+  bool contiguous() const;
+  int64_t numel() const;
+};
+
+// Integer helpers for spec expressions (safe on zero divisors: they yield 0 and
+// the spec's checks reject the argument).
+inline int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+inline int64_t align_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+inline int64_t floordiv(int64_t a, int64_t b) { return b ? (a >= 0 ? a / b : -((-a + b - 1) / b)) : 0; }
+inline int64_t floormod(int64_t a, int64_t b) { return a - floordiv(a, b) * b; }
+inline int64_t truncdiv(int64_t a, int64_t b) { return b ? a / b : 0; }
+inline int64_t truncmod(int64_t a, int64_t b) { return b ? a % b : 0; }
+
+// ---- errors: each sets a Python exception naming the op; they return false/nullptr
+bool type_error(const char* op, const char* fmt, ...);
+bool value_error(const char* op, const char* fmt, ...);
+bool runtime_error(const char* op, const char* fmt, ...);
+
+// ---- arguments (METH_FASTCALL | METH_KEYWORDS)
+// Fills values[i] (borrowed, nullptr when not given) for `n` parameters, of
+// which the first `positional` may be passed by position and the first
+// `required` must be given.
+bool parse_args(const char* op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                const char* const* names, int n, int positional, int required, PyObject** values);
+bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, TensorArg* out);
+bool int_arg(const char* op, const char* name, PyObject* obj, bool optional, int64_t* out, bool* is_none);
+bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, double* out, bool* is_none);
+bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out);
+bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
+             std::string_view* out);
+bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed);
+bool check_ndim(const char* op, const char* name, const TensorArg& t, int ndim);
+bool check_layout(const char* op, const char* name, const TensorArg& t, bool contiguous);
+bool check_same_device(const char* op, const char* name, const TensorArg& t, int device);
+
+// ---- outputs
+struct OutSpec {
+  DType dtype = UNKNOWN;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};
+  int64_t storage = -1;  // elements to allocate; -1: dense (derived from shape)
+};
+// Holds a new reference to the output tensor until it is returned.
+struct Output {
+  PyObject* obj = nullptr;
+  TensorArg t;
+  Output() = default;
+  Output(const Output&) = delete;
+  ~Output() { Py_XDECREF(obj); }
+  PyObject* release() { PyObject* o = obj; obj = nullptr; return o; }
+};
+// `given` (borrowed, may be nullptr or None): a caller's out= tensor, checked
+// against the spec; otherwise a new tensor is allocated on `device`.
+bool make_output(const char* op, const char* name, PyObject* given, const OutSpec& spec, int device, Output* out);
+void dense_strides(OutSpec* spec);
+
+// ---- kernels
+struct Geometry {
+  int64_t grid[3];
+  int64_t block[3];
+  int64_t dyn_smem;
+};
+// One prebuilt cubin: loaded on first use (thread-safe), once per process.
+struct KernelEntry {
+  const char* arch;
+  const char* cubin;  // path relative to the package's kernels/ folder
+  const char* entry;
+  std::atomic<cu::CUkernel> kernel{nullptr};
+  std::mutex lock;
+  std::atomic<uint64_t> smem_set[kMaxDevices] = {};  // dynamic smem limit raised, per device (+1)
+};
+// The arch index (into kArchNames) of a CUDA device, or -1 with an error set.
+int device_arch(const char* op, int device);
+// Launches `entry` on the current torch stream of `device`; `params` in device order.
+bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, void** params);
+// "not prebuilt" error listing the prebuilt configs.
+bool not_prebuilt(const char* op, const char* wanted, const char* prebuilt);
+
+// Union slot a launcher converts each kernel parameter into.
+union ParamSlot {
+  void* ptr;
+  int32_t i32;
+  int64_t i64;
+  float f32;
+};
+bool fits_int32(const char* op, const char* name, int64_t v);
+
+// A kernel argument before it is converted to the kernel's parameter type.
+struct ArgValue {
+  void* p = nullptr;
+  int64_t i = 0;
+  double f = 0;
+  ArgValue() = default;
+  ArgValue(void* v) : p(v) {}
+  ArgValue(double v) : i(static_cast<int64_t>(v)), f(v) {}
+  ArgValue(float v) : ArgValue(static_cast<double>(v)) {}
+  template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+  ArgValue(T v) : i(static_cast<int64_t>(v)), f(static_cast<double>(v)) {}
+};
+
+// A static-config value as the stubs compare it with the prebuilt table.
+struct ConfigValue {
+  int64_t i = 0;
+  std::string_view s;
+  ConfigValue(DType d) : i(d), s(short_dtype_name(d)) {}
+  ConfigValue(std::string_view v) : s(v) {}
+  ConfigValue(const char* v) : s(v) {}
+  template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+  ConfigValue(T v) : i(static_cast<int64_t>(v)) {}
+  std::string show() const { return s.empty() ? std::to_string(i) : std::string(s); }
+};
+
+// Module setup (called from the module init).
+void set_kernel_dir(const char* dir);
+bool add_op(PyObject* parent_module, const char* module, PyMethodDef* def, const char* qualname_module);
+
+}  // namespace tka

@@ -1,0 +1,41 @@
+// The _C extension module: binds the generated op stubs (raw METH_FASTCALL
+// functions: the generic pybind11 casters would cost more than the launch
+// budget) into per-family submodules, and tells the runtime where the cubins are.
+#include <dlfcn.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "tka/ops.h"
+#include "tka/runtime.h"
+
+namespace py = pybind11;
+
+static std::string package_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&package_dir), &info) == 0 || info.dli_fname == nullptr) return ".";
+  std::string path = info.dli_fname;
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tile_kernels_aot host extension: prebuilt-kernel launch stubs.";
+  const std::string kernels = package_dir() + "/kernels";
+  tka::set_kernel_dir(kernels.c_str());
+  m.attr("kernel_dir") = kernels;
+  for (int i = 0; tka::kOps[i].module != nullptr; ++i) {
+    const tka::OpDef& op = tka::kOps[i];
+    py::module_ sub;
+    if (py::hasattr(m, op.module)) {
+      sub = m.attr(op.module);
+    } else {
+      sub = py::module_::import("types").attr("ModuleType")(std::string("tile_kernels_aot._C.") + op.module);
+      m.attr(op.module) = sub;
+    }
+    py::str public_module(std::string("tile_kernels_aot.") + op.module);
+    PyObject* fn = PyCFunction_NewEx(op.def, nullptr, public_module.ptr());
+    if (fn == nullptr) throw py::error_already_set();
+    sub.attr(op.def->ml_name) = py::reinterpret_steal<py::object>(fn);
+  }
+}

@@ -1,0 +1,544 @@
+#include "tka/runtime.h"
+
+#include <dlfcn.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dlpack/dlpack.h"
+
+namespace tka {
+
+const char* const kArchNames[kNumArchs] = {"sm_90a", "sm_100a"};
+
+// ---------------------------------------------------------------- dtypes
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case BF16: return "torch.bfloat16";
+    case F16: return "torch.float16";
+    case F32: return "torch.float32";
+    case F64: return "torch.float64";
+    case E4M3: return "torch.float8_e4m3fn";
+    case I8: return "torch.int8";
+    case U8: return "torch.uint8";
+    case I16: return "torch.int16";
+    case I32: return "torch.int32";
+    case I64: return "torch.int64";
+    case BOOL: return "torch.bool";
+    default: return "an unsupported dtype";
+  }
+}
+
+const char* short_dtype_name(DType d) {
+  const char* name = dtype_name(d);
+  return std::strncmp(name, "torch.", 6) == 0 ? name + 6 : name;
+}
+
+int64_t dtype_bytes(DType d) {
+  switch (d) {
+    case F64: case I64: return 8;
+    case F32: case I32: return 4;
+    case BF16: case F16: case I16: return 2;
+    default: return 1;
+  }
+}
+
+static DType from_dl(DLDataType t) {
+  if (t.lanes != 1) return UNKNOWN;
+  switch (t.code) {
+    case kDLBfloat: return t.bits == 16 ? BF16 : UNKNOWN;
+    case kDLFloat: return t.bits == 16 ? F16 : t.bits == 32 ? F32 : t.bits == 64 ? F64 : UNKNOWN;
+    case kDLFloat8_e4m3fn: return t.bits == 8 ? E4M3 : UNKNOWN;
+    case kDLInt: return t.bits == 8 ? I8 : t.bits == 16 ? I16 : t.bits == 32 ? I32 : t.bits == 64 ? I64 : UNKNOWN;
+    case kDLUInt: return t.bits == 8 ? U8 : UNKNOWN;
+    case kDLBool: return BOOL;
+    default: return UNKNOWN;
+  }
+}
+
+static DLDataType to_dl(DType d) {
+  switch (d) {
+    case BF16: return {kDLBfloat, 16, 1};
+    case F16: return {kDLFloat, 16, 1};
+    case F32: return {kDLFloat, 32, 1};
+    case F64: return {kDLFloat, 64, 1};
+    case E4M3: return {kDLFloat8_e4m3fn, 8, 1};
+    case I8: return {kDLInt, 8, 1};
+    case U8: return {kDLUInt, 8, 1};
+    case I16: return {kDLInt, 16, 1};
+    case I32: return {kDLInt, 32, 1};
+    case I64: return {kDLInt, 64, 1};
+    case BOOL: return {kDLBool, 8, 1};
+    default: return {kDLOpaqueHandle, 0, 0};
+  }
+}
+
+bool TensorArg::contiguous() const {
+  int64_t expected = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (shape[i] != 1 && stride[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+int64_t TensorArg::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+// ---------------------------------------------------------------- errors
+
+static bool set_error(PyObject* type, const char* op, const char* fmt, va_list ap) {
+  char message[1024];
+  vsnprintf(message, sizeof(message), fmt, ap);
+  PyErr_Format(type, "%s: %s", op, message);
+  return false;
+}
+
+bool type_error(const char* op, const char* fmt, ...) {
+  va_list ap; va_start(ap, fmt); set_error(PyExc_TypeError, op, fmt, ap); va_end(ap); return false;
+}
+bool value_error(const char* op, const char* fmt, ...) {
+  va_list ap; va_start(ap, fmt); set_error(PyExc_ValueError, op, fmt, ap); va_end(ap); return false;
+}
+bool runtime_error(const char* op, const char* fmt, ...) {
+  va_list ap; va_start(ap, fmt); set_error(PyExc_RuntimeError, op, fmt, ap); va_end(ap); return false;
+}
+
+// ---------------------------------------------------------------- DLPack exchange API
+
+namespace {
+
+struct ApiCache {
+  PyTypeObject* type;
+  const DLPackExchangeAPI* api;
+};
+ApiCache g_api_cache[4] = {};
+std::atomic<const DLPackExchangeAPI*> g_api{nullptr};  // the last one seen: used to allocate outputs
+
+// The exchange API of obj's type, or nullptr (no error set) if it has none.
+const DLPackExchangeAPI* exchange_api(PyObject* obj) {
+  PyTypeObject* type = Py_TYPE(obj);
+  for (auto& c : g_api_cache)
+    if (c.type == type) return c.api;
+  PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+  Py_DECREF(capsule);
+  if (api == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (api->header.version.major != DLPACK_MAJOR_VERSION) return nullptr;
+  for (auto& c : g_api_cache) {
+    if (c.type == nullptr) {
+      Py_INCREF(type);
+      c.api = api;
+      c.type = type;
+      break;
+    }
+  }
+  g_api.store(api, std::memory_order_relaxed);
+  return api;
+}
+
+void fill(const DLTensor& dl, TensorArg* t) {
+  t->present = true;
+  t->data = static_cast<char*>(dl.data) + dl.byte_offset;
+  t->ndim = dl.ndim;
+  t->dtype = from_dl(dl.dtype);
+  t->device = dl.device.device_type == kDLCUDA ? dl.device.device_id : -1;
+  int64_t expected = 1;
+  for (int i = dl.ndim - 1; i >= 0; --i) {
+    t->shape[i] = dl.shape[i];
+    t->stride[i] = dl.strides ? dl.strides[i] : expected;
+    expected *= dl.shape[i];
+  }
+}
+
+}  // namespace
+
+bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, TensorArg* out) {
+  if (obj == nullptr || obj == Py_None) {
+    if (optional) {
+      out->present = false;
+      return true;
+    }
+    return type_error(op, "%s must be a torch.Tensor, got None", name);
+  }
+  const DLPackExchangeAPI* api = exchange_api(obj);
+  if (api == nullptr || api->dltensor_from_py_object_no_sync == nullptr)
+    return type_error(op, "%s must be a torch.Tensor, got %s", name, Py_TYPE(obj)->tp_name);
+  DLTensor dl;
+  if (api->dltensor_from_py_object_no_sync(obj, &dl) != 0) {
+    PyErr_Clear();
+    return type_error(op, "%s: this tensor cannot be viewed through DLPack", name);
+  }
+  if (dl.ndim > kMaxDims) return value_error(op, "%s has %d dims; at most %d are supported", name, dl.ndim, kMaxDims);
+  fill(dl, out);
+  return true;
+}
+
+// ---------------------------------------------------------------- scalar arguments
+
+bool parse_args(const char* op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                const char* const* names, int n, int positional, int required, PyObject** values) {
+  if (nargs > positional)
+    return type_error(op, "takes at most %d positional arguments (%zd given)", positional, nargs);
+  for (int i = 0; i < n; ++i) values[i] = i < nargs ? args[i] : nullptr;
+  if (kwnames != nullptr) {
+    Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      const char* kname = PyUnicode_AsUTF8(key);
+      if (kname == nullptr) return false;
+      int found = -1;
+      for (int i = 0; i < n; ++i)
+        if (std::strcmp(kname, names[i]) == 0) { found = i; break; }
+      if (found < 0) return type_error(op, "got an unexpected keyword argument '%s'", kname);
+      if (values[found] != nullptr) return type_error(op, "got multiple values for argument '%s'", kname);
+      values[found] = args[nargs + k];
+    }
+  }
+  for (int i = 0; i < required; ++i)
+    if (values[i] == nullptr) return type_error(op, "missing required argument '%s'", names[i]);
+  return true;
+}
+
+bool int_arg(const char* op, const char* name, PyObject* obj, bool optional, int64_t* out, bool* is_none) {
+  if (obj == Py_None) {
+    if (!optional) return type_error(op, "%s must be an int, got None", name);
+    *is_none = true;
+    *out = 0;
+    return true;
+  }
+  if (is_none) *is_none = false;
+  if (PyBool_Check(obj) || !PyLong_Check(obj)) {
+    if (!PyIndex_Check(obj) || PyBool_Check(obj)) return type_error(op, "%s must be an int, got %s", name, Py_TYPE(obj)->tp_name);
+  }
+  long long v = PyLong_AsLongLong(obj);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return value_error(op, "%s is out of the int64 range", name);
+  }
+  *out = v;
+  return true;
+}
+
+bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, double* out, bool* is_none) {
+  if (obj == Py_None) {
+    if (!optional) return type_error(op, "%s must be a float, got None", name);
+    *is_none = true;
+    *out = 0;
+    return true;
+  }
+  if (is_none) *is_none = false;
+  if (PyBool_Check(obj) || !(PyFloat_Check(obj) || PyLong_Check(obj)))
+    return type_error(op, "%s must be a float, got %s", name, Py_TYPE(obj)->tp_name);
+  *out = PyFloat_AsDouble(obj);
+  if (*out == -1.0 && PyErr_Occurred()) return false;
+  return true;
+}
+
+bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out) {
+  if (obj == Py_True || obj == Py_False) {
+    *out = obj == Py_True;
+    return true;
+  }
+  if (PyLong_Check(obj)) {
+    long v = PyLong_AsLong(obj);
+    if (v == 0 || v == 1) {
+      *out = v == 1;
+      return true;
+    }
+  }
+  return type_error(op, "%s must be a bool, got %s", name, Py_TYPE(obj)->tp_name);
+}
+
+bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
+             std::string_view* out) {
+  std::string expected;
+  for (const char* c : choices) expected += std::string(expected.empty() ? "" : ", ") + "'" + c + "'";
+  if (!PyUnicode_Check(obj))
+    return type_error(op, "%s must be one of %s, got %s", name, expected.c_str(), Py_TYPE(obj)->tp_name);
+  Py_ssize_t size = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(obj, &size);
+  if (s == nullptr) return false;
+  std::string_view v(s, static_cast<size_t>(size));
+  for (const char* c : choices)
+    if (v == c) {
+      *out = v;
+      return true;
+    }
+  return value_error(op, "%s must be one of %s, got '%s'", name, expected.c_str(), s);
+}
+
+bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype == d) return true;
+  std::string expected;
+  for (DType d : allowed) expected += std::string(expected.empty() ? "" : " or ") + dtype_name(d);
+  return type_error(op, "%s must have dtype %s, got %s", name, expected.c_str(), dtype_name(t.dtype));
+}
+
+bool check_ndim(const char* op, const char* name, const TensorArg& t, int ndim) {
+  if (t.ndim == ndim) return true;
+  return value_error(op, "%s must be %d-D, got %d-D", name, ndim, t.ndim);
+}
+
+bool check_layout(const char* op, const char* name, const TensorArg& t, bool contiguous) {
+  if (contiguous ? t.contiguous() : (t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.stride[t.ndim - 1] == 1))
+    return true;
+  return value_error(op, contiguous ? "%s must be contiguous" : "%s must have a unit stride in its last dim", name);
+}
+
+bool check_same_device(const char* op, const char* name, const TensorArg& t, int device) {
+  if (t.device < 0) return value_error(op, "%s must be a CUDA tensor", name);
+  if (t.device != device) return value_error(op, "%s is on cuda:%d, expected cuda:%d like the first tensor", name, t.device, device);
+  return true;
+}
+
+bool fits_int32(const char* op, const char* name, int64_t v) {
+  if (v >= INT32_MIN && v <= INT32_MAX) return true;
+  return value_error(op, "%s = %lld does not fit the kernel's int32 parameter", name, static_cast<long long>(v));
+}
+
+// ---------------------------------------------------------------- outputs
+
+void dense_strides(OutSpec* spec) {
+  int64_t s = 1;
+  for (int i = spec->ndim - 1; i >= 0; --i) {
+    spec->stride[i] = s;
+    s *= spec->shape[i];
+  }
+}
+
+namespace {
+
+// A view (shape/strides) over a 1-D allocation; owns the allocation.
+struct StridedView {
+  DLManagedTensorVersioned self;
+  DLManagedTensorVersioned* storage;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+};
+
+void delete_view(DLManagedTensorVersioned* self) {
+  auto* view = reinterpret_cast<StridedView*>(self);
+  if (view->storage->deleter) view->storage->deleter(view->storage);
+  delete view;
+}
+
+void set_alloc_error(void* op, const char* kind, const char* message) {
+  PyErr_Format(PyExc_RuntimeError, "%s: output allocation failed: %s: %s", static_cast<const char*>(op), kind, message);
+}
+
+}  // namespace
+
+bool make_output(const char* op, const char* name, PyObject* given, const OutSpec& spec, int device, Output* out) {
+  if (given != nullptr && given != Py_None) {
+    if (!tensor_arg(op, name, given, false, &out->t)) return false;
+    if (out->t.dtype != spec.dtype)
+      return type_error(op, "%s must have dtype %s, got %s", name, dtype_name(spec.dtype), dtype_name(out->t.dtype));
+    bool same = out->t.ndim == spec.ndim;
+    for (int i = 0; same && i < spec.ndim; ++i) same = out->t.shape[i] == spec.shape[i];
+    if (!same) {
+      std::string expected = "(", got = "(";
+      for (int i = 0; i < spec.ndim; ++i) expected += std::to_string(spec.shape[i]) + (i + 1 < spec.ndim ? ", " : "");
+      for (int i = 0; i < out->t.ndim; ++i) got += std::to_string(out->t.shape[i]) + (i + 1 < out->t.ndim ? ", " : "");
+      return value_error(op, "%s must have shape %s), got %s)", name, expected.c_str(), got.c_str());
+    }
+    for (int i = 0; i < spec.ndim; ++i)
+      if (spec.shape[i] > 1 && out->t.stride[i] != spec.stride[i])
+        return value_error(op, "%s must have the strides of the tensor the op returns (dim %d: %lld, got %lld)", name, i,
+                           static_cast<long long>(spec.stride[i]), static_cast<long long>(out->t.stride[i]));
+    if (!check_same_device(op, name, out->t, device)) return false;
+    Py_INCREF(given);
+    out->obj = given;
+    return true;
+  }
+  const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
+  if (api == nullptr) return runtime_error(op, "no torch tensor seen yet to allocate %s with", name);
+  bool dense = spec.storage < 0;
+  if (dense) {
+    int64_t s = 1;
+    for (int i = spec.ndim - 1; i >= 0; --i) {
+      if (spec.shape[i] > 1 && spec.stride[i] != s) dense = false;
+      s *= spec.shape[i];
+    }
+  }
+  int64_t storage = spec.storage;
+  if (storage < 0) {  // non-dense strides without an explicit storage size: the furthest element + 1
+    storage = 1;
+    for (int i = 0; i < spec.ndim; ++i) storage += (spec.shape[i] - 1) * spec.stride[i];
+    for (int i = 0; i < spec.ndim; ++i) if (spec.shape[i] == 0) storage = 0;
+  }
+  DLTensor proto{};
+  proto.device = {kDLCUDA, device};
+  proto.dtype = to_dl(spec.dtype);
+  int64_t flat_shape[1] = {storage};
+  int64_t shape[kMaxDims];
+  for (int i = 0; i < spec.ndim; ++i) shape[i] = spec.shape[i];
+  proto.ndim = dense ? spec.ndim : 1;
+  proto.shape = dense ? shape : flat_shape;
+  DLManagedTensorVersioned* managed = nullptr;
+  if (api->managed_tensor_allocator(&proto, &managed, const_cast<char*>(op), set_alloc_error) != 0 || managed == nullptr) {
+    if (!PyErr_Occurred()) runtime_error(op, "output allocation of %s failed", name);
+    return false;
+  }
+  DLManagedTensorVersioned* handed = managed;
+  if (!dense) {
+    auto* view = new StridedView();
+    view->storage = managed;
+    view->self = *managed;
+    view->self.manager_ctx = nullptr;
+    view->self.deleter = delete_view;
+    view->self.dl_tensor.ndim = spec.ndim;
+    for (int i = 0; i < spec.ndim; ++i) {
+      view->shape[i] = spec.shape[i];
+      view->strides[i] = spec.stride[i];
+    }
+    view->self.dl_tensor.shape = view->shape;
+    view->self.dl_tensor.strides = view->strides;
+    handed = &view->self;
+  }
+  out->t.present = true;
+  out->t.data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
+  out->t.ndim = spec.ndim;
+  out->t.dtype = spec.dtype;
+  out->t.device = device;
+  for (int i = 0; i < spec.ndim; ++i) {
+    out->t.shape[i] = spec.shape[i];
+    out->t.stride[i] = spec.stride[i];
+  }
+  PyObject* obj = nullptr;
+  if (api->managed_tensor_to_py_object_no_sync(handed, reinterpret_cast<void**>(&obj)) != 0 || obj == nullptr) {
+    if (!PyErr_Occurred()) runtime_error(op, "cannot hand %s back to torch", name);
+    return false;
+  }
+  out->obj = obj;
+  return true;
+}
+
+// ---------------------------------------------------------------- devices and kernels
+
+namespace {
+
+std::string g_kernel_dir;
+std::atomic<int> g_device_arch[kMaxDevices];  // 0: unknown, else arch index + 1
+cu::CUcontext g_primary[kMaxDevices] = {};
+std::mutex g_device_lock;
+
+const cu::Driver* driver_or_error(const char* op) {
+  std::string why;
+  const cu::Driver* d = cu::driver(&why);
+  if (d == nullptr) runtime_error(op, "%s", why.c_str());
+  return d;
+}
+
+bool load_kernel(const char* op, KernelEntry* e) {
+  std::lock_guard<std::mutex> guard(e->lock);
+  if (e->kernel.load(std::memory_order_acquire) != nullptr) return true;
+  const cu::Driver* d = driver_or_error(op);
+  if (d == nullptr) return false;
+  std::string path = g_kernel_dir + "/" + e->cubin;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return runtime_error(op, "cannot read %s (is the package installed completely?)", path.c_str());
+  // Kept for the life of the process, like the library loaded from it.
+  auto* image = new std::vector<char>((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  cu::CUlibrary library = nullptr;
+  cu::CUresult r = d->cuLibraryLoadData(&library, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (r != cu::CUDA_SUCCESS) return runtime_error(op, "loading %s failed: %s", path.c_str(), cu::describe(r).c_str());
+  cu::CUkernel kernel = nullptr;
+  r = d->cuLibraryGetKernel(&kernel, library, e->entry);
+  if (r != cu::CUDA_SUCCESS) return runtime_error(op, "kernel %s not found in %s: %s", e->entry, path.c_str(), cu::describe(r).c_str());
+  e->kernel.store(kernel, std::memory_order_release);
+  return true;
+}
+
+}  // namespace
+
+void set_kernel_dir(const char* dir) { g_kernel_dir = dir; }
+
+int device_arch(const char* op, int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);
+    return -1;
+  }
+  int cached = g_device_arch[device].load(std::memory_order_relaxed);
+  if (cached > 0) return cached - 1;
+  const cu::Driver* d = driver_or_error(op);
+  if (d == nullptr) return -1;
+  std::lock_guard<std::mutex> guard(g_device_lock);
+  cu::CUdevice dev = 0;
+  int major = 0, minor = 0;
+  cu::CUresult r = d->cuDeviceGet(&dev, device);
+  if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&major, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&minor, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  if (r == cu::CUDA_SUCCESS && g_primary[device] == nullptr) r = d->cuDevicePrimaryCtxRetain(&g_primary[device], dev);
+  if (r != cu::CUDA_SUCCESS) {
+    runtime_error(op, "cannot query cuda:%d: %s", device, cu::describe(r).c_str());
+    return -1;
+  }
+  int arch = major == 9 && minor == 0 ? 0 : major == 10 && minor == 0 ? 1 : -1;
+  if (arch < 0) {
+    runtime_error(op, "cuda:%d has compute capability %d.%d; this build has kernels for sm_90a (9.0) and sm_100a (10.0) only",
+                  device, major, minor);
+    return -1;
+  }
+  g_device_arch[device].store(arch + 1, std::memory_order_relaxed);
+  return arch;
+}
+
+bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, void** params) {
+  for (int i = 0; i < 3; ++i)
+    if (g.grid[i] == 0) return true;  // nothing to do
+  if (g.grid[0] < 0 || g.grid[0] > INT32_MAX || g.grid[1] < 0 || g.grid[1] > 65535 || g.grid[2] < 0 || g.grid[2] > 65535)
+    return value_error(op, "the input is too large for one launch (grid %lld x %lld x %lld)",
+                       static_cast<long long>(g.grid[0]), static_cast<long long>(g.grid[1]), static_cast<long long>(g.grid[2]));
+  const cu::Driver* d = driver_or_error(op);
+  if (d == nullptr) return false;
+  if (e->kernel.load(std::memory_order_acquire) == nullptr && !load_kernel(op, e)) return false;
+  cu::CUkernel kernel = e->kernel.load(std::memory_order_relaxed);
+  cu::CUcontext current = nullptr;
+  d->cuCtxGetCurrent(&current);
+  if (current != g_primary[device]) d->cuCtxSetCurrent(g_primary[device]);
+  if (g.dyn_smem > 48 * 1024 && e->smem_set[device].load(std::memory_order_relaxed) < static_cast<uint64_t>(g.dyn_smem) + 1) {
+    cu::CUresult r = d->cuKernelSetAttribute(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(g.dyn_smem),
+                                             kernel, device);
+    if (r != cu::CUDA_SUCCESS) return runtime_error(op, "cannot raise the shared memory limit: %s", cu::describe(r).c_str());
+    e->smem_set[device].store(static_cast<uint64_t>(g.dyn_smem) + 1, std::memory_order_relaxed);
+  }
+  const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
+  void* stream = nullptr;
+  if (api != nullptr && api->current_work_stream(kDLCUDA, device, &stream) != 0) {
+    if (!PyErr_Occurred()) runtime_error(op, "cannot get the current CUDA stream");
+    return false;
+  }
+  cu::CUresult r = d->cuLaunchKernel(reinterpret_cast<cu::CUfunction>(kernel), static_cast<unsigned>(g.grid[0]),
+                                     static_cast<unsigned>(g.grid[1]), static_cast<unsigned>(g.grid[2]),
+                                     static_cast<unsigned>(g.block[0]), static_cast<unsigned>(g.block[1]),
+                                     static_cast<unsigned>(g.block[2]), static_cast<unsigned>(g.dyn_smem),
+                                     static_cast<cu::CUstream>(stream), params, nullptr);
+  if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());
+  return true;
+}
+
+bool not_prebuilt(const char* op, const char* wanted, const char* prebuilt) {
+  return value_error(op,
+                     "no prebuilt kernel for %s. Prebuilt: %s. To add a configuration, list it in a shape table and "
+                     "build your own wheel: python -m aot build --table FILE (see the README).",
+                     wanted, prebuilt[0] ? prebuilt : "(none in this build)");
+}
+
+}  // namespace tka

@@ -1,0 +1,1 @@
+"""TileLang kernel definitions (build time only)."""
