@@ -83,7 +83,7 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     if kernels_dir.exists():
         shutil.rmtree(kernels_dir)
     manifest = {"schema_version": mf.SCHEMA_VERSION, "toolchain": mf.toolchain(), "archs": list(archs),
-                "kernels": {}, "ops": []}
+                "table": Path(table_path).name, "kernels": {}, "ops": []}
     units = []
     for k in KERNEL_MODULES:
         module = lw.kernel_module(k)

@@ -123,7 +123,7 @@ def _launcher(fn: str, build: dict, fields: list, kernel_name: str) -> str:
     for f in fields:
         lines.append(f"  [[maybe_unused]] const int64_t {f} = a.{f}.i;\n")
     n = max(len(names), 1)
-    lines.append(f"  ParamSlot s[{n}];\n  void* p[{n}];\n")
+    lines.append(f"  ParamSlot s[{n}];\n")
     for i, param in enumerate(build["params"]):
         name, kind = param["name"], param["kind"]
         if kind == "ptr":
@@ -135,12 +135,11 @@ def _launcher(fn: str, build: dict, fields: list, kernel_name: str) -> str:
             lines.append(f"  s[{i}].i64 = a.{name}.i;\n")
         elif kind == "float32":
             lines.append(f"  s[{i}].f32 = static_cast<float>(a.{name}.f);\n")
-        lines.append(f"  p[{i}] = &s[{i}];\n")
     grid = ", ".join(build["grid"])
     block = ", ".join(str(b) for b in build["block"])
     lines.append(f"  const Geometry g{{{{{grid}}}, {{{block}}}, {build['dyn_smem']}}};\n")
     lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, {cpp_string(build['entry'])}}};\n")
-    lines.append("  return launch(op, &entry, device, g, p);\n}\n")
+    lines.append(f"  return launch(op, &entry, device, g, s, {len(names)});\n}}\n")
     return "".join(lines)
 
 

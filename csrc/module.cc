@@ -24,6 +24,9 @@ PYBIND11_MODULE(_C, m) {
   const std::string kernels = package_dir() + "/kernels";
   tka::set_kernel_dir(kernels.c_str());
   m.attr("kernel_dir") = kernels;
+  m.def("_replay_last_launch", [](int64_t n) {
+    if (!tka::replay_last_launch(n)) throw py::error_already_set();
+  }, "Re-issue this thread's last kernel launch n times with bare cuLaunchKernel calls (bench baseline).");
   for (int i = 0; tka::kOps[i].module != nullptr; ++i) {
     const tka::OpDef& op = tka::kOps[i];
     py::module_ sub;

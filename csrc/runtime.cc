@@ -500,7 +500,22 @@ int device_arch(const char* op, int device) {
   return arch;
 }
 
-bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, void** params) {
+namespace {
+constexpr int kMaxParams = 32;
+struct LastLaunch {
+  KernelEntry* entry = nullptr;
+  Geometry g{};
+  ParamSlot slots[kMaxParams];
+  int nparams = 0;
+  void* stream = nullptr;
+};
+thread_local LastLaunch t_last;
+}  // namespace
+
+bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, ParamSlot* slots, int nparams) {
+  if (nparams > kMaxParams) return runtime_error(op, "kernel has %d parameters; at most %d are supported", nparams, kMaxParams);
+  void* params[kMaxParams];
+  for (int i = 0; i < nparams; ++i) params[i] = &slots[i];
   for (int i = 0; i < 3; ++i)
     if (g.grid[i] == 0) return true;  // nothing to do
   if (g.grid[0] < 0 || g.grid[0] > INT32_MAX || g.grid[1] < 0 || g.grid[1] > 65535 || g.grid[2] < 0 || g.grid[2] > 65535)
@@ -531,6 +546,30 @@ bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, void*
                                      static_cast<unsigned>(g.block[2]), static_cast<unsigned>(g.dyn_smem),
                                      static_cast<cu::CUstream>(stream), params, nullptr);
   if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());
+  t_last.entry = e;
+  t_last.g = g;
+  t_last.nparams = nparams;
+  t_last.stream = stream;
+  for (int i = 0; i < nparams; ++i) t_last.slots[i] = slots[i];
+  return true;
+}
+
+bool replay_last_launch(int64_t n) {
+  const char* op = "_replay_last_launch";
+  if (t_last.entry == nullptr) return runtime_error(op, "no launch on this thread yet");
+  const cu::Driver* d = driver_or_error(op);
+  if (d == nullptr) return false;
+  void* params[kMaxParams];
+  for (int i = 0; i < t_last.nparams; ++i) params[i] = &t_last.slots[i];
+  const Geometry& g = t_last.g;
+  auto f = reinterpret_cast<cu::CUfunction>(t_last.entry->kernel.load());
+  for (int64_t k = 0; k < n; ++k) {
+    cu::CUresult r = d->cuLaunchKernel(f, static_cast<unsigned>(g.grid[0]), static_cast<unsigned>(g.grid[1]),
+                                       static_cast<unsigned>(g.grid[2]), static_cast<unsigned>(g.block[0]),
+                                       static_cast<unsigned>(g.block[1]), static_cast<unsigned>(g.block[2]),
+                                       static_cast<unsigned>(g.dyn_smem), static_cast<cu::CUstream>(t_last.stream), params, nullptr);
+    if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());
+  }
   return true;
 }
 

@@ -110,8 +110,13 @@ struct KernelEntry {
 };
 // The arch index (into kArchNames) of a CUDA device, or -1 with an error set.
 int device_arch(const char* op, int device);
-// Launches `entry` on the current torch stream of `device`; `params` in device order.
-bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, void** params);
+union ParamSlot;
+// Launches `entry` on the current torch stream of `device`; `slots` hold the
+// kernel's `nparams` parameters in device order.
+bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, ParamSlot* slots, int nparams);
+// Re-issues this thread's last launch `n` times with bare cuLaunchKernel calls
+// (the bench's baseline for host overhead).
+bool replay_last_launch(int64_t n);
 // "not prebuilt" error listing the prebuilt configs.
 bool not_prebuilt(const char* op, const char* wanted, const char* prebuilt);
 

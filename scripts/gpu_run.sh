@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU recipe, run ON the device machine from the repo root (see README, "Working on a GPU"):
+#   here:   scripts/build_wheel.sh --table aot/shapes/<table>.toml      (cp312 wheel into wheels/dist/)
+#   device: run(command="bash scripts/gpu_run.sh", carry=["wheels/dist"])
+# It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
+# JIT disabled, compute-sanitizer memcheck on one config per op, and the bench; everything
+# lands in $OUT (gpu-tests.log, memcheck.log, bench.json, bench.md).
+set -uo pipefail
+OUT=${OUT:-/tmp/tka-out}
+mkdir -p "$OUT"
+repo=$PWD
+site=/tmp/tka-site
+rm -rf "$site"
+python3 -m pip install -q --no-deps --no-index --target "$site" wheels/dist/tile_kernels_aot-*-cp312-*.whl || exit 1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
+cd /tmp  # import the installed package, not the checkout
+status=0
+if [[ ${TKA_SKIP_TESTS:-0} != 1 ]]; then
+  CUDA_DISABLE_PTX_JIT=1 python3 -m pytest -q -p no:cacheprovider -x --rootdir "$repo" "$repo/tests/gpu" ${TKA_PYTEST_ARGS:-} 2>&1 \
+    | tee "$OUT/gpu-tests.log" | tail -25
+  status=${PIPESTATUS[0]}
+fi
+if [[ ${TKA_SKIP_MEMCHECK:-0} != 1 ]]; then
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 "$repo/scripts/memcheck_ops.py" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)"; tail -3 "$OUT/memcheck.log"
+fi
+if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
+  python3 -m tile_kernels_aot bench --json "$OUT/bench.json" ${TKA_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
+fi
+exit $status

@@ -1,0 +1,20 @@
+"""The installed bundle's manifest: what kernels this package holds."""
+
+import functools
+import json
+from pathlib import Path
+
+MANIFEST_PATH = Path(__file__).parent / "manifest.json"
+
+
+@functools.lru_cache(None)
+def load() -> dict:
+    return json.loads(MANIFEST_PATH.read_text())
+
+
+def op_bytes(op: str, dims: dict) -> int:
+    """The bytes one launch of ``op`` (``'module.name'``) must move, from its kernel spec's formula."""
+    for record in load()["ops"]:
+        if f"{record['module']}.{record['name']}" == op:
+            return int(eval(record["bytes"], {"__builtins__": {}, "ceil_div": lambda a, b: -(-a // b)}, dict(dims)))
+    raise KeyError(op)

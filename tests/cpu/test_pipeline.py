@@ -1,0 +1,94 @@
+"""Each stage of the AOT pipeline on its own: table, lowering, cubin compile (cache,
+reproducibility, SASS-only), stub generation (the generated C++ compiles)."""
+
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from aot.table import config_key, load_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_table_is_a_cartesian_product_without_duplicates(tmp_path):
+    table = tmp_path / "t.toml"
+    table.write_text(
+        '[[kernel]]\nname = "moe.topk_gate"\nnum_experts = [72, 256]\n\n'
+        '[[kernel]]\nname = "moe.topk_gate"\nnum_experts = 256\n\n'
+        '[[kernel]]\nname = "transpose.batched_transpose"\ndtype = ["bfloat16", "float32"]\nflag = [true, false]\n'
+    )
+    t = load_table(table)
+    assert t["moe.topk_gate"] == [{"num_experts": 72}, {"num_experts": 256}]
+    assert len(t["transpose.batched_transpose"]) == 4
+    assert config_key({"b": True, "a": 3}) == "a=3,b=true"
+
+
+def test_shipped_tables_name_known_kernels_and_valid_params():
+    from aot.build import KERNEL_MODULES
+
+    for path in (ROOT / "aot" / "shapes").glob("*.toml"):
+        for kernel, configs in load_table(path).items():
+            assert kernel in KERNEL_MODULES, f"{path.name}: unknown kernel {kernel}"
+            static = set(__import__(f"kernels_tl.{kernel}", fromlist=["KERNEL"]).KERNEL.static)
+            for cfg in configs:
+                assert set(cfg) == static, f"{path.name}: {kernel} {cfg} != static params {static}"
+
+
+def test_launch_expressions_print_as_cpp():
+    tirx = pytest.importorskip("tvm.tirx")
+    from aot.lower import to_cpp
+
+    n = tirx.Var("num_tokens", "int32")
+    expr = tirx.FloorDiv(n + 7, tirx.IntImm("int32", 8))
+    assert to_cpp(expr) == "floordiv((num_tokens + 7), 8)"
+    assert to_cpp(tirx.Max(n, tirx.IntImm("int32", 1))) == "std::max<int64_t>(num_tokens, 1)"
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    pytest.importorskip("tilelang")
+    from aot.lower import lower
+
+    return lower("moe.topk_gate", {"num_experts": 256}, "sm_90a")
+
+
+def test_lowering_gives_entry_params_and_geometry(lowered):
+    names = {p["name"]: p["kind"] for p in lowered.params}
+    assert names["scores"] == "ptr" and names["topk_idx"] == "ptr"
+    assert names["num_tokens"] == "int32"
+    assert "num_tokens" in lowered.grid[0]
+    assert lowered.block[0] > 0 and lowered.entry in lowered.source
+
+
+def test_cubin_is_cached_reproducible_and_sass_only(lowered, tmp_path, monkeypatch):
+    from aot import compile as cc
+    from aot.cubin import cubin_arch, has_ptx
+
+    first = cc.compile_cubin(lowered.source, "sm_90a", tmp_path / "a").read_bytes()
+    second = cc.compile_cubin(lowered.source, "sm_90a", tmp_path / "b").read_bytes()
+    assert first == second, "two compiles of one source differ"
+    assert cubin_arch(first) == "sm_90a" and not has_ptx(first)
+
+    def no_nvcc(*args, **kwargs):
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr(cc.subprocess, "run", no_nvcc)
+    assert cc.compile_cubin(lowered.source, "sm_90a", tmp_path / "a").read_bytes() == first
+
+
+def test_generated_stub_compiles(lowered, tmp_path):
+    from aot import stubgen
+    from aot.manifest import kernel_build_record
+    from kernels_tl.moe import topk_gate
+
+    record = kernel_build_record(lowered, "sm_90a/x.cubin", b"\0")
+    unit = {"configs": [{"config": lowered.config, "key": config_key(lowered.config), "builds": {"sm_90a": record}}]}
+    paths = stubgen.write_stubs(tmp_path, [(topk_gate.KERNEL, topk_gate.OPS, unit, "test")])
+    includes = [f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'third_party'}",
+                f"-I{sysconfig.get_paths()['include']}"]
+    for path in paths:
+        result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", *includes, str(path)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,56 @@
+"""What the GPU tests check with: prebuilt configs, poisoned outputs, bitwise comparison."""
+
+import torch
+
+
+def prebuilt_configs(kernel: str) -> list:
+    """The static configs of ``kernel`` this build holds (from the installed manifest)."""
+    try:
+        from tile_kernels_aot import manifest
+    except ImportError:
+        return []
+    try:
+        return [c["config"] for c in manifest.load()["kernels"].get(kernel, {}).get("configs", [])]
+    except FileNotFoundError:
+        return []
+
+
+def poisoned(shape, dtype, strides=None):
+    """A CUDA tensor filled with a value no kernel writes (NaN bits / -7777)."""
+    if strides is not None:
+        storage = 1 + sum((s - 1) * st for s, st in zip(shape, strides)) if all(shape) else 0
+        base = torch.empty(storage, dtype=dtype, device="cuda")
+        t = base.as_strided(shape, strides)
+        poison(base)
+        return t
+    t = torch.empty(shape, dtype=dtype, device="cuda")
+    poison(t)
+    return t
+
+
+def poison(t):
+    if t.dtype.is_floating_point and t.element_size() >= 2:
+        t.fill_(float("nan"))
+    elif t.element_size() == 1:
+        t.view(torch.uint8).fill_(0x7F)  # NaN in e4m3; 0x7F in packed e2m1 / int8 data
+    else:
+        t.fill_(-7777)
+
+
+def assert_bits_equal(actual, expected, what=""):
+    """Every element, bit for bit (NaN == NaN with the same payload)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    a = actual.detach().cpu().contiguous()
+    e = expected.detach().cpu().contiguous()
+    if a.numel() == 0:
+        return
+    ab = a.view(torch.uint8).view(-1, a.element_size())
+    eb = e.view(torch.uint8).view(-1, e.element_size())
+    bad = (ab != eb).any(dim=1)
+    if bad.any():
+        idx = bad.nonzero()[0].item()
+        flat_a, flat_e = a.reshape(-1), e.reshape(-1)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {a.numel()} elements differ; first at flat index {idx}: "
+                             f"{flat_a[idx].float().item() if a.dtype != torch.int64 else flat_a[idx].item()} vs "
+                             f"{flat_e[idx].float().item() if e.dtype != torch.int64 else flat_e[idx].item()}")
