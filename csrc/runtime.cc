@@ -363,6 +363,7 @@ bool make_output(const char* op, const char* name, PyObject* given, const OutSpe
         return value_error(op, "%s must have the strides of the tensor the op returns (dim %d: %lld, got %lld)", name, i,
                            static_cast<long long>(spec.stride[i]), static_cast<long long>(out->t.stride[i]));
     if (!check_same_device(op, name, out->t, device)) return false;
+    if (reinterpret_cast<uintptr_t>(out->t.data) % 16 != 0) return value_error(op, "%s must be 16-byte aligned", name);
     Py_INCREF(given);
     out->obj = given;
     return true;

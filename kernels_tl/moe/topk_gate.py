@@ -1,0 +1,174 @@
+"""moe.topk_gate: the indices of each token's ``num_topk`` largest expert scores.
+
+``scores`` float32 [num_tokens, num_experts] (contiguous) -> ``topk_idx`` int64
+[num_tokens, num_topk], in descending score order, ties to the smaller expert
+index.
+
+Design
+------
+One warp per token, ``TOKENS_PER_BLOCK`` warps per block.  Lane ``l`` keeps the
+scores of experts ``l, l + 32, l + 64, ...`` in registers (``slots`` of them),
+so every load is one coalesced 128-byte row segment per warp and every lane has
+work for every expert count (72 experts: 3 slots, the last one 8 lanes wide).
+
+Each score becomes a 32-bit unsigned *key* whose integer order is the order we
+want (see ``_order_key``).  The token's top-k then takes ``num_topk`` rounds
+of:
+
+1. every lane takes the max of its keys;
+2. ``redux.sync.max.u32`` (one instruction, sm_80+) gives the warp's max key;
+3. each lane offers the smallest expert index among its slots holding that
+   key, ``redux.sync.min.u32`` picks the smallest offer: ties go to the
+   smaller index, across lanes and within a lane;
+4. the owner of the winning slot zeroes its key (key 0 is below every real
+   score), and lane ``r`` keeps the winner of round ``r``.
+
+Lanes ``0..num_topk-1`` then store their int64 index (one coalesced store per
+token).  A round is about ``4 * slots + 10`` instructions per warp (sm_90a,
+256 experts: 4 VIMNMX3, 2 REDUX, 32 ISETP/SEL, ~5 others), with no shuffles,
+no shared memory and no block barrier.  The loop over rounds is a plain
+run-time loop (nvcc unrolls it by 2), so ``num_topk`` is a *dynamic*
+parameter: one cubin per expert count serves every top-k, for about 2
+instructions of loop control per round.  Ranks are collected 32 at a time, so
+any ``1 <= num_topk <= num_experts`` works.
+
+Order and NaN handling (the spec is the reference: a stable descending sort,
+``torch.sort(scores, descending=True, stable=True).indices[:, :num_topk]``):
+
+* ``-0.0`` and ``+0.0`` are equal (tie -> smaller index);
+* every NaN, whatever its sign and payload, ranks above ``+inf``, and NaNs tie
+  among themselves (-> smaller index), as in ``torch.sort``/``torch.topk``;
+* ``-inf`` is an ordinary (smallest) score: every returned row holds
+  ``num_topk`` distinct indices.
+
+Static configurations: ``num_experts`` only (72, 256, 288, 384: 4 configs cover
+DESIGN.md's coverage, every top-k included).
+
+Expected cost at 8192 x 256, k = 8: 8 MiB read + 0.5 MiB written (~2 us of
+DRAM time, overlapped with the compute of tokens whose rows have arrived);
+~90 instructions of loads and key conversion plus 8 rounds of ~43, i.e.
+~435 warp instructions per token, 3.6 M in all: ~3.5 us of issue time on 132
+SMs at one instruction per scheduler per cycle.  34-40 registers, no spills:
+7-8 blocks (56-64 warps) per SM.
+"""
+
+from tilelang import language as T
+
+from kernels_tl.spec import Int, KernelSpec, OpSpec, Out, Param, Tensor
+
+WARP = 32
+# 8 warps = 8 tokens per block: 256 threads, small enough that a partial last
+# block wastes little, large enough to keep the block count low.
+TOKENS_PER_BLOCK = 8
+
+_REMOVED = 0  # key of a taken or padding slot: below every real score
+_NO_OFFER = 0xFFFFFFFF  # a lane without the max key offers this to the min-reduction
+
+
+def _order_key(bits):
+    """float32 bits -> uint32 key, monotone in the score.
+
+    Finite scores and infinities map to ``0x80000000 + |x|`` (positive) or
+    ``0x80000000 - |x|`` (negative), both zeros to 0x80000000; every NaN maps to
+    0xFFFFFFFF.  The smallest real key is 0x00800000 (-inf), so 0 is free to
+    mark removed slots.
+    """
+    magnitude = bits & T.uint32(0x7FFFFFFF)
+    signed = T.if_then_else(
+        (bits >> T.uint32(31)) != T.uint32(0),
+        T.uint32(0x80000000) - magnitude,
+        T.uint32(0x80000000) + magnitude,
+    )
+    return T.if_then_else(magnitude > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF), signed)
+
+
+def topk_gate_kernel(num_experts: int):
+    assert num_experts >= 1
+    num_tokens = T.dynamic("num_tokens")
+    num_topk = T.dynamic("num_topk")
+    slots = (num_experts + WARP - 1) // WARP
+    full_slots = num_experts // WARP  # slots where all 32 lanes hold an expert
+
+    @T.prim_func
+    def topk_gate(
+        scores: T.Tensor[(num_tokens, num_experts), T.float32],
+        topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, TOKENS_PER_BLOCK), threads=TOKENS_PER_BLOCK * WARP) as pid:
+            tid = T.get_thread_binding()
+            lane = tid % WARP
+            token = pid * TOKENS_PER_BLOCK + tid // WARP
+            keys = T.alloc_local((slots,), T.uint32)
+            rank_idx = T.alloc_var(T.int32)  # the winner of round `lane` (of the current 32)
+
+            # The whole warp shares `token`, so the warp-wide reductions below
+            # always run with all 32 lanes.
+            if token < num_tokens:
+                for s in T.unroll(slots):
+                    if s < full_slots or s * WARP + lane < num_experts:
+                        keys[s] = _order_key(T.reinterpret(scores[token, s * WARP + lane], T.uint32))
+                    else:
+                        keys[s] = T.uint32(_REMOVED)
+
+                for chunk in T.serial(T.ceildiv(num_topk, WARP)):
+                    rank_idx = 0
+                    for r in T.serial(T.min(WARP, num_topk - chunk * WARP)):
+                        lane_max = T.alloc_var(T.uint32)
+                        lane_max = keys[0]
+                        for s in T.unroll(1, slots):
+                            lane_max = T.max(lane_max, keys[s])
+                        warp_max = T.warp_reduce_max(lane_max)
+                        # Smallest index among this lane's slots holding the max.
+                        offer = T.alloc_var(T.uint32)
+                        offer = T.uint32(_NO_OFFER)
+                        for s_ in T.unroll(slots):
+                            s = slots - 1 - s_
+                            offer = T.if_then_else(keys[s] == warp_max, T.uint32(s * WARP) + T.uint32(lane), offer)
+                        winner = T.warp_reduce_min(offer)
+                        # Owner of the winner drops it: winner - lane == 32 * slot.
+                        delta = T.int32(winner) - lane
+                        for s in T.unroll(slots):
+                            keys[s] = T.if_then_else(delta == s * WARP, T.uint32(_REMOVED), keys[s])
+                        if lane == r:
+                            rank_idx = T.int32(winner)
+                    if lane < T.min(WARP, num_topk - chunk * WARP):
+                        topk_idx[token, chunk * WARP + lane] = T.int64(rank_idx)
+
+    return topk_gate
+
+
+KERNEL = KernelSpec(
+    name="moe.topk_gate",
+    factory=topk_gate_kernel,
+    static=("num_experts",),
+    bytes="num_tokens * num_experts * 4 + num_tokens * num_topk * 8",
+    pass_configs={"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True},
+)
+
+
+OPS = [
+    OpSpec(
+        module="moe",
+        name="topk_gate",
+        params=[Param("scores", Tensor(["float32"], 2)), Param("num_topk", Int())],
+        outs=[Out("out", "I64", ["num_tokens", "num_topk"])],
+        returns=["out"],
+        dims={"num_tokens": "scores.shape[0]", "num_experts": "scores.shape[1]"},
+        checks=[
+            ("num_topk >= 1 && num_topk <= num_experts", "num_topk must be in [1, num_experts] (scores.shape[1])"),
+        ],
+        config={"num_experts": "num_experts"},
+        kernel_args={
+            "scores": "scores.data",
+            "topk_idx": "out.data",
+            "num_tokens": "num_tokens",
+            "num_topk": "num_topk",
+        },
+        launch_when="num_tokens > 0",
+        doc=(
+            "topk_gate(scores, num_topk) -> int64 [num_tokens, num_topk]: the indices of each row's num_topk largest "
+            "scores, largest first, equal scores (-0.0 == +0.0) smaller index first, NaN above +inf.  scores: "
+            "float32 [num_tokens, num_experts], contiguous; 1 <= num_topk <= num_experts."
+        ),
+    ),
+]
