@@ -66,10 +66,11 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     extra = [k for k in config if k not in spec.static]
     if missing or extra:
         raise ValueError(f"{kernel_name}: config {config} does not match static params {list(spec.static)}")
-    func = spec.factory(**config)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    # The factory runs under the target too, so a kernel may specialize on the arch
+    # (``tvm.target.Target.current()``).
     with tvm.transform.PassContext(config=dict(spec.pass_configs)), target:
-        artifact = tilelang.lower(func, target=target)
+        artifact = tilelang.lower(spec.factory(**config), target=target)
 
     device_funcs = list(artifact.device_mod.functions.items())
     if len(device_funcs) != 1:

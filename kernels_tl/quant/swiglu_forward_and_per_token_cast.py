@@ -1,0 +1,568 @@
+"""quant.swiglu_forward_and_per_token_cast: SwiGLU forward fused with a per-token FP8 cast.
+
+``x`` [n, 2 * hidden] (bfloat16 or float32, contiguous; ``hidden % 128 == 0``)
+-> ``out`` [n, hidden] float8_e4m3fn and its scale factors ``out_sf``.  With
+``l``/``r`` the left/right halves of a row, every element is, in float32 and in
+exactly this order (the contract of ``tile_kernels_aot/torch/swiglu.py``)::
+
+    l, r = clamp(l, max=c), clamp(r, -c, c)          # only with swiglu_clamp_value c
+    v    = ((l / (1 + expf(-l))) * r) * w            # w: the row's top-k weight (1 without)
+
+and per row and scale group (128 channels, or the whole row)::
+
+    a   = max(max |v|, sf_clamp_min)
+    sf  = a / 448,  out = e4m3_satfinite(v * (448 / a))              # two IEEE divides
+    round_sf: sf = 2^ceil(log2(a / 448)) (exponent bits), out = e4m3(v * 2^-that)
+
+Optional inputs are scalar flags of one kernel, not static parameters:
+``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]`` when
+``pos >= 0``, else 0), ``pos_to_expert`` (rows < 0 are neither read nor
+counted; their ``out`` bytes and sf are written as zeros, as the reference
+defines them, so the output never depends on stale memory), the clamp, its
+counters (``clamped_count`` [3] int64: ``l > c``, ``r > c``, ``r < -c`` on the
+unclamped values, one integer atomic per block and counter) and ``round_sf``.
+The element loop exists in six copies (no clamp / clamp / clamp + count, with or
+without the weight), chosen by uniform branches, so the plain path pays
+nothing for the options.  NaN inputs propagate like the reference through the
+clamps (selects, not fminf); a NaN in a group is ignored by the amax (fmaxf),
+where ``torch.amax`` would propagate it.
+
+Design
+------
+Groups of 128 channels (``max_row_hidden == 0``; ``hidden`` is dynamic):
+a block is 8 warps; warp ``w`` owns row ``8 * by + w`` and lane ``l`` owns the 16
+channels ``16 * (32 * bx + l) ...``, so a warp covers 512 channels = four scale
+groups of 8 lanes.  A lane loads its 16 left and 16 right inputs as 16-byte
+vectors (bf16 kept as 32-bit words: widening is one shift or mask), the group
+amax is three ``shfl.xor`` within 8 lanes, and the lane stores its 16 fp8 bytes
+as one 16-byte vector (a warp writes 512 contiguous bytes, reads 2 x 1 KiB).
+No shared memory and no barrier outside the counting path; the 2-D grid needs
+no per-thread integer division (more than 65535 row blocks are walked by a
+loop over ``by`` that otherwise runs once).  Scale factors: row-major fp32
+(lanes 0/8/16/24 write 16 contiguous bytes), TMA-aligned column-major fp32
+(``out_sf[g * sf_stride + row]``), or packed UE8M0 column-major: a warp's four
+groups are exactly one int32 word of a row, OR-gathered with two ``shfl.xor``
+and written by lane 0 (groups past ``hidden / 128`` give zero bytes).
+
+The element math is two elements at a time: both ``1 + expf(-l)`` first, then
+both IEEE divides; nvcc's ``div.rn`` fast path has a per-element slow-path
+branch, and this order keeps expf's constants live and overlaps its latency.
+
+One group per row (``max_row_hidden > 0``, ``num_per_channels == hidden``,
+row-major fp32 sf only, as upstream): one 256-thread block per row, 16 bytes of
+each half per thread and step (8 bf16 / 4 fp32 channels), ``max_row_hidden /
+(256 * channels)`` steps kept in registers (4 for bf16, 8 for fp32 at 8192);
+all loads are issued before any math, then a block max (shuffles + one barrier)
+gives the row's scale.  The stub picks ``max_row_hidden = align_up(hidden,
+8192)``; the default table has 8192 (hidden <= 8192).
+
+Cost at 8192 x 2 * 2048 bf16, groups of 128, no options: 64 MiB read + 16 MiB +
+0.5 MiB written = 84.4 MB, ~20.3 us at 4.15 TB/s.  The math (expf ~9, the divide
+~10 with its check, 5 more FP ops, the cast) is ~33 SASS instructions per
+element including the per-lane overhead (538 per 16-element lane on sm_90a):
+~17.6 M warp instructions, ~17 us of issue time on 132 SMs at 1.98 GHz, so the
+kernel is memory-bound only with good overlap: 47 registers (launch bounds
+cap 48) give 5 blocks = 40 warps per SM, each lane with 64 bytes of loads in
+flight (80 KiB per SM).
+
+Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
+``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}:
+8 configs (16 cubins) cover DESIGN.md's coverage -- every hidden that is a
+multiple of 128, any number of tokens, every combination of the optional
+inputs, clamp and round_sf (4 configs if only bf16 inputs are shipped).
+"""
+
+from tilelang import language as T
+
+from kernels_tl.spec import Bool, Float, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
+
+WARP = 32
+FP8_MAX = 448.0
+GROUP = 128  # channels per scale factor (group mode)
+LANE_CHANNELS = 16  # channels per lane (group mode): 16-byte fp8 store
+LANES_PER_GROUP = GROUP // LANE_CHANNELS  # 8
+GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
+ROWS_PER_BLOCK = 8  # one row per warp, 256 threads
+MAX_GRID_Y = 65535
+# Group mode: cap registers so that 5 blocks (40 warps, 80 KB of loads in flight) fit
+# an SM with bf16 input (48 registers: no spills on sm_90a nor sm_100a); fp32 input
+# holds twice the raw data (64 registers).
+MIN_BLOCKS_PER_SM = {"bfloat16": 5, "float32": 4}
+ROW_THREADS = 256  # per-row mode: one row per block
+
+SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
+CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
+
+
+def _as_float(words, i, half, packed):
+    """float32 value of input element ``2 * i + half`` of a local input array.
+
+    bf16 inputs are kept as 32-bit words of two bf16 (``packed``): widening is a
+    shift (low half) or a mask (high half), one instruction each.
+    """
+    if not packed:
+        return words[2 * i + half]
+    if half == 0:
+        return T.reinterpret(words[i] << T.uint32(16), T.float32)
+    return T.reinterpret(words[i] & T.uint32(0xFFFF0000), T.float32)
+
+
+@T.macro
+def _denominator(xl, xr, v, k, i, half, packed, mode, swiglu_clamp_value, counts):
+    """v[k] = 1 + expf(-l) for input element 2 * i + half (and the clamp counts)."""
+    l = _as_float(xl, i, half, packed)
+    r = _as_float(xr, i, half, packed)
+    if mode == CLAMP_AND_COUNT:
+        counts[0] += T.Cast(T.int32, l > swiglu_clamp_value)
+        counts[1] += T.Cast(T.int32, r > swiglu_clamp_value)
+        counts[2] += T.Cast(T.int32, r < -swiglu_clamp_value)
+    if mode != CLAMP_NONE:
+        l = T.Select(l > swiglu_clamp_value, swiglu_clamp_value, l)
+    # __fadd_rn: `1 + e` stays its own rounding (no FMA with expf's last multiply)
+    v[k] = T.ieee_add(T.float32(1.0), T.exp(-l))
+
+
+@T.macro
+def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_value):
+    """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half."""
+    l = _as_float(xl, i, half, packed)
+    r = _as_float(xr, i, half, packed)
+    if mode != CLAMP_NONE:
+        l = T.Select(l > swiglu_clamp_value, swiglu_clamp_value, l)
+        r = T.Select(r < -swiglu_clamp_value, -swiglu_clamp_value, r)
+        r = T.Select(r > swiglu_clamp_value, swiglu_clamp_value, r)
+    if weighted:
+        v[k] = T.ieee_fdiv(l, v[k]) * r * w
+    else:
+        v[k] = T.ieee_fdiv(l, v[k]) * r
+
+
+@T.macro
+def swiglu_values(xl, xr, v, base, num_pairs, packed, w, weighted, mode, swiglu_clamp_value, counts):
+    """v[base + k] = ((l / (1 + expf(-l))) * r) [* w] for 2 * num_pairs elements.
+
+    ``weighted`` and ``mode`` are Python-static (one copy of the loop per variant).
+    Clamps are selects, not fminf, so that NaN propagates like ``torch.clamp``
+    (lower bound first, as ``clamp(min=-c, max=c)``); the counters see the
+    unclamped values.  Two elements at a time: both ``1 + expf`` first, then both
+    divides (``v`` holds the denominators in between), which lets nvcc overlap
+    the exponentials with the divides' slow-path checks and keeps expf's
+    constants in registers.
+    """
+    for p in T.unroll(num_pairs):
+        i = base // 2 + p
+        _denominator(xl, xr, v, base + 2 * p, i, 0, packed, mode, swiglu_clamp_value, counts)
+        _denominator(xl, xr, v, base + 2 * p + 1, i, 1, packed, mode, swiglu_clamp_value, counts)
+        _product(xl, xr, v, base + 2 * p, i, 0, packed, w, weighted, mode, swiglu_clamp_value)
+        _product(xl, xr, v, base + 2 * p + 1, i, 1, packed, w, weighted, mode, swiglu_clamp_value)
+
+
+@T.macro
+def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value, counts):
+    """Dispatch on the runtime flags (uniform branches) to the six loop variants."""
+    if has_weights != 0:
+        if clamp_mode == CLAMP_NONE:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_NONE, swiglu_clamp_value, counts)
+        elif clamp_mode == CLAMP:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP, swiglu_clamp_value, counts)
+        else:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_AND_COUNT, swiglu_clamp_value, counts)
+    else:
+        if clamp_mode == CLAMP_NONE:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_NONE, swiglu_clamp_value, counts)
+        elif clamp_mode == CLAMP:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP, swiglu_clamp_value, counts)
+        else:
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_AND_COUNT, swiglu_clamp_value, counts)
+
+
+def scale_factor(amax, sf_clamp_min, round_sf):
+    """(sf, sf_inv, biased exponent of the rounded sf) from a group's amax, as expressions.
+
+    TileKernels' rules, bit-exact: ``a = max(amax, sf_clamp_min)``, ``sf = a / 448``,
+    ``sf_inv = 448 / a``.  Rounded (``round_sf``: a Python bool or a runtime flag),
+    ``e = (bits(a / 448) + 0x7FFFFF) >> 23`` is the biased exponent of
+    2^ceil(log2(a / 448)) (a / 448 is positive and normal for sf_clamp_min >= 2^-117),
+    ``sf = 2^(e - 127)`` and ``sf_inv = 2^(127 - e)``, both exact.
+    """
+    a = T.max(amax, sf_clamp_min)
+    sf = T.ieee_fdiv(a, T.float32(FP8_MAX))
+    sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), a)
+    e = (T.reinterpret(sf, T.uint32) + T.uint32(0x7FFFFF)) >> T.uint32(23)
+    sf_round = T.reinterpret(e << T.uint32(23), T.float32)
+    sf_inv_round = T.reinterpret((T.uint32(254) - e) << T.uint32(23), T.float32)
+    if round_sf is True:
+        return sf_round, sf_inv_round, e
+    return T.if_then_else(round_sf, sf_round, sf), T.if_then_else(round_sf, sf_inv_round, sf_inv), e
+
+
+@T.macro
+def flush_counts(counts, count_smem, clamped_count, tid, num_warps):
+    """Block-reduce the three clamp counters; one int64 atomic per non-zero total."""
+    for j in T.unroll(3):
+        for s in T.unroll(5):
+            counts[j] += T.shfl_xor(counts[j], 16 >> s)
+    if tid % WARP == 0:
+        for j in T.unroll(3):
+            count_smem[(tid // WARP) * 3 + j] = counts[j]
+    T.sync_threads()
+    if tid < 3:
+        total = T.alloc_var(T.int32)
+        total = 0
+        for w in T.unroll(num_warps):
+            total += count_smem[w * 3 + tid]
+        if total != 0:
+            T.atomic_add(clamped_count[tid], T.Cast(T.int64, total))
+
+
+def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int):
+    assert in_dtype in ("bfloat16", "float32"), in_dtype
+    assert sf_format in SF_FORMATS, sf_format
+    per_row = max_row_hidden > 0
+    if per_row:
+        assert sf_format == "fp32", "one group per row supports row-major fp32 sf only"
+    elem_bytes = 2 if in_dtype == "bfloat16" else 4
+
+    num_tokens = T.dynamic("num_tokens")
+    # hidden // 128: hidden as a multiple of 128 lets TileLang prove that every row and
+    # chunk start is 16-byte aligned, so the loads and stores below are vectorized
+    hidden_blocks = T.dynamic("hidden_blocks")
+    num_weights = T.dynamic("num_weights")
+    sf_stride = T.dynamic("sf_stride")  # column-major sf: token stride, align(num_tokens, 4)
+    hidden = hidden_blocks * GROUP
+
+    if per_row:
+        sf_shape = (num_tokens, 1)
+        sf_dtype = T.float32
+    elif sf_format == "fp32":
+        sf_shape, sf_dtype = (num_tokens, hidden_blocks), T.float32
+    elif sf_format == "fp32_col":
+        sf_shape, sf_dtype = (hidden_blocks, sf_stride), T.float32
+    else:  # int32 words of four UE8M0 bytes, column-major
+        sf_shape, sf_dtype = (T.ceildiv(hidden_blocks, GROUPS_PER_WARP), sf_stride), T.int32
+
+    if per_row:
+        body = _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks)
+    else:
+        body = _group_body(in_dtype, sf_format, num_tokens, hidden_blocks)
+
+    @T.prim_func
+    def swiglu_forward_and_per_token_cast(
+        x: T.Tensor((num_tokens, hidden * 2), in_dtype),
+        out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        out_sf: T.Tensor(sf_shape, sf_dtype),
+        pos_to_token_topk: T.Tensor((num_tokens,), T.int32),
+        topk_weights: T.Tensor((num_weights,), T.float32),
+        pos_to_expert: T.Tensor((num_tokens,), T.int32),
+        clamped_count: T.Tensor((3,), T.int64),
+        has_weights: T.int32,
+        has_pos_to_expert: T.int32,
+        clamp_mode: T.int32,
+        swiglu_clamp_value: T.float32,
+        round_sf: T.int32,
+        sf_clamp_min: T.float32,
+    ):
+        body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min)
+
+    return swiglu_forward_and_per_token_cast
+
+
+def _input_words(x, in_dtype, num_tokens, hidden):
+    """The input as loaded: 32-bit words of two bf16 (``packed``), or the fp32 values."""
+    if in_dtype == "bfloat16":
+        return T.view(x, (num_tokens, hidden), T.uint32), T.uint32, 2
+    return x, T.float32, 1
+
+
+def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
+    threads = ROWS_PER_BLOCK * WARP
+    hidden = hidden_blocks * GROUP
+    num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
+    num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
+    grid_y = T.min(num_row_blocks, MAX_GRID_Y)
+    V = LANE_CHANNELS
+
+    @T.macro
+    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
+        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), grid_y, threads=threads) as (bx, by):
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[in_dtype])
+            tid = T.get_thread_binding()
+            lane = tid % WARP
+            chunk = bx * WARP + lane  # this lane's channels: [16 * chunk, 16 * chunk + 16)
+            group = chunk // LANES_PER_GROUP
+            # (rebinding the name keeps the kernel parameter called `x`)
+            x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)
+            W = V // per_word  # input words per lane and half (8 bf16 pairs or 16 fp32)
+
+            xl = T.alloc_local((W,), word_dtype)
+            xr = T.alloc_local((W,), word_dtype)
+            v = T.alloc_local((V,), T.float32)
+            q = T.alloc_local((V,), T.float8_e4m3fn)
+            counts = T.alloc_local((3,), T.int32)
+            count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
+            row = T.alloc_var(T.int32)
+            in_range = T.alloc_var(T.bool)
+            keep = T.alloc_var(T.bool)
+            w = T.alloc_var(T.float32)
+            amax = T.alloc_var(T.float32)
+            sf = T.alloc_var(T.float32)
+            sf_inv = T.alloc_var(T.float32)
+            sf_exp = T.alloc_var(T.uint32)
+            for j in T.unroll(3):
+                counts[j] = 0
+
+            # one trip unless there are more than 65535 row blocks (then grid_y == 65535)
+            for it in T.serial(T.ceildiv(num_row_blocks - by, MAX_GRID_Y)):
+                row = (by + it * MAX_GRID_Y) * ROWS_PER_BLOCK + tid // WARP
+                in_range = row < num_tokens and chunk < num_chunks
+                keep = in_range
+                if has_pos_to_expert != 0 and in_range:
+                    keep = pos_to_expert[row] >= 0
+                w = T.float32(1.0)
+                if has_weights != 0 and keep:
+                    pos = pos_to_token_topk[row]
+                    w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+
+                if keep:
+                    for i in T.vectorized(W):
+                        xl[i] = x[row, chunk * W + i]
+                    for i in T.vectorized(W):
+                        xr[i] = x[row, hidden // per_word + chunk * W + i]
+                    swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
+                                      swiglu_clamp_value, counts)
+                else:
+                    for i in T.vectorized(V):
+                        v[i] = T.float32(0.0)
+
+                amax = T.float32(0.0)
+                for i in T.unroll(V):
+                    amax = T.max(amax, T.abs(v[i]))
+                # the 8 lanes of a group hold one row's 128 channels: xor 1, 2, 4 stays inside
+                for s in T.unroll(3):
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << s))
+                sf_val, sf_inv_val, sf_exp_val = scale_factor(
+                    amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
+                sf = sf_val
+                sf_inv = sf_inv_val
+                sf_exp = sf_exp_val
+
+                if in_range:
+                    for i in T.vectorized(V):
+                        q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)  # cvt.rn.satfinite
+                    for i in T.vectorized(V):
+                        out[row, chunk * V + i] = q[i]
+
+                if sf_format == "ue8m0_col":
+                    # byte `group % 4` of the row's word `bx`; zero for skipped rows and
+                    # for the padding groups past hidden / 128
+                    word = T.alloc_var(T.uint32)
+                    word = T.if_then_else(keep and lane % LANES_PER_GROUP == 0,
+                                          sf_exp << T.uint32(8 * (lane // LANES_PER_GROUP)), T.uint32(0))
+                    word = word | T.shfl_xor(word, 8)
+                    word = word | T.shfl_xor(word, 16)
+                    if lane == 0 and row < num_tokens:
+                        out_sf[bx, row] = T.reinterpret(word, T.int32)
+                elif in_range and lane % LANES_PER_GROUP == 0:
+                    if sf_format == "fp32":
+                        out_sf[row, group] = T.if_then_else(keep, sf, T.float32(0.0))
+                    else:
+                        out_sf[group, row] = T.if_then_else(keep, sf, T.float32(0.0))
+
+            if clamp_mode == CLAMP_AND_COUNT:
+                flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
+
+    return body
+
+
+def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
+    C = 16 // elem_bytes  # channels per 16-byte chunk of each half
+    threads = ROW_THREADS
+    steps = max_row_hidden // (C * threads)  # 16-byte chunks per half and thread
+    assert steps >= 1 and steps * C * threads == max_row_hidden, max_row_hidden
+    num_warps = threads // WARP
+    hidden = hidden_blocks * GROUP
+    row_chunks = hidden_blocks * (GROUP // C)
+
+    @T.macro
+    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
+        with T.Kernel(num_tokens, threads=threads) as row:
+            tid = T.get_thread_binding()
+            x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)  # see _group_body
+            W = C // per_word  # input words per chunk and half
+
+            xl = T.alloc_local((steps * W,), word_dtype)
+            xr = T.alloc_local((steps * W,), word_dtype)
+            v = T.alloc_local((steps * C,), T.float32)
+            q = T.alloc_local((C,), T.float8_e4m3fn)
+            counts = T.alloc_local((3,), T.int32)
+            amax_smem = T.alloc_shared((num_warps,), T.float32)
+            count_smem = T.alloc_shared((num_warps * 3,), T.int32)
+            keep = T.alloc_var(T.bool)
+            w = T.alloc_var(T.float32)
+            amax = T.alloc_var(T.float32)
+            sf = T.alloc_var(T.float32)
+            sf_inv = T.alloc_var(T.float32)
+            for j in T.unroll(3):
+                counts[j] = 0
+
+            keep = True
+            if has_pos_to_expert != 0:
+                keep = pos_to_expert[row] >= 0
+            w = T.float32(1.0)
+            if has_weights != 0 and keep:
+                pos = pos_to_token_topk[row]
+                w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+
+            # every load first (2 * steps 16-byte vectors in flight per thread), then the math;
+            # chunk `s * threads + tid` keeps each step's loads coalesced
+            if keep:
+                for s in T.unroll(steps):
+                    if s * threads + tid < row_chunks:
+                        for i in T.vectorized(W):
+                            xl[s * W + i] = x[row, (s * threads + tid) * W + i]
+                        for i in T.vectorized(W):
+                            xr[s * W + i] = x[row, hidden // per_word + (s * threads + tid) * W + i]
+            for s in T.unroll(steps):
+                if keep and s * threads + tid < row_chunks:
+                    swiglu_values_any(xl, xr, v, s * C, C // 2, per_word == 2, w, has_weights, clamp_mode,
+                                      swiglu_clamp_value, counts)
+                else:
+                    for i in T.vectorized(C):
+                        v[s * C + i] = T.float32(0.0)
+
+            amax = T.float32(0.0)
+            for i in T.unroll(steps * C):
+                amax = T.max(amax, T.abs(v[i]))
+            for s in T.unroll(5):
+                amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
+            if tid % WARP == 0:
+                amax_smem[tid // WARP] = amax
+            T.sync_threads()
+            for wi in T.unroll(num_warps):
+                amax = T.max(amax, amax_smem[wi])
+            sf_val, sf_inv_val, _ = scale_factor(amax, sf_clamp_min, round_sf != 0)
+            sf = sf_val
+            sf_inv = sf_inv_val
+
+            for s in T.unroll(steps):
+                if s * threads + tid < row_chunks:
+                    for i in T.vectorized(C):
+                        q[i] = T.Cast(T.float8_e4m3fn, v[s * C + i] * sf_inv)
+                    for i in T.vectorized(C):
+                        out[row, (s * threads + tid) * C + i] = q[i]
+            if tid == 0:
+                out_sf[row, 0] = T.if_then_else(keep, sf, T.float32(0.0))
+
+            if clamp_mode == CLAMP_AND_COUNT:
+                flush_counts(counts, count_smem, clamped_count, tid, num_warps)
+
+    return body
+
+
+KERNEL = KernelSpec(
+    name="quant.swiglu_forward_and_per_token_cast",
+    factory=swiglu_forward_and_per_token_cast_kernel,
+    static=("in_dtype", "sf_format", "max_row_hidden"),
+    # x read once, out and out_sf written once (the optional [n] int32 maps and the
+    # gathered weights add 4-12 bytes per row)
+    bytes=("num_tokens * hidden * 2 * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * hidden"
+           " + num_tokens * num_sf * (1 if sf_format == 'ue8m0_col' else 4)"),
+    pass_configs={
+        "tl.disable_tma_lower": True,
+        "tl.disable_warp_specialized": True,
+        # every access is in bounds by construction (rows and chunks are predicated);
+        # without this TileLang adds per-element guards that break the 16-byte vectors
+        "tl.disable_safe_memory_legalize": True,
+    },
+)
+
+OPS = [
+    OpSpec(
+        module="quant",
+        name="swiglu_forward_and_per_token_cast",
+        params=[
+            Param("x", Tensor(["bfloat16", "float32"], 2)),
+            Param("fmt", Str(["e4m3"])),
+            Param("num_per_channels", Int()),
+            Param("pos_to_token_topk", Tensor(["int32"], 1, optional=True), None),
+            Param("topk_weights", Tensor(["float32"], 2, optional=True), None),
+            Param("pos_to_expert", Tensor(["int32"], 1, optional=True), None),
+            Param("use_tma_aligned_col_major_sf", Bool(), False),
+            Param("round_sf", Bool(), False),
+            Param("use_packed_ue8m0", Bool(), False),
+            Param("swiglu_clamp_value", Float(optional=True), None),
+            Param("clamped_count", Tensor(["int64"], 1, optional=True), None),
+            Param("sf_clamp_min", Float(optional=True), None),
+        ],
+        outs=[
+            Out("out", "E4M3", ["num_tokens", "hidden"]),
+            # fp32 [n, k] row-major; or column-major with the token stride padded to 4
+            # (TMA); or UE8M0 bytes packed 4 to an int32, column-major [n, ceil(k / 4)]
+            Out("out_sf", "use_packed_ue8m0 ? I32 : F32", ["num_tokens", "sf_cols"],
+                strides=["use_tma_aligned_col_major_sf ? 1 : sf_cols",
+                         "use_tma_aligned_col_major_sf ? sf_token_stride : 1"],
+                storage="sf_cols * (use_tma_aligned_col_major_sf ? sf_token_stride : num_tokens)"),
+        ],
+        returns=["out", "out_sf"],
+        dims={
+            "num_tokens": "x.shape[0]",
+            "hidden": "x.shape[1] / 2",
+            "num_sf": "num_per_channels > 0 ? hidden / num_per_channels : 0",  # k
+            "sf_cols": "use_packed_ue8m0 ? ceil_div(num_sf, 4) : num_sf",
+            "sf_token_stride": "align_up(num_tokens, 4)",
+        },
+        checks=[
+            ("x.shape[1] % 256 == 0",
+             "x must have shape [num_tokens, 2 * hidden] with hidden a multiple of 128"),
+            ("reinterpret_cast<uintptr_t>(x.data) % 32 == 0",
+             "x's data pointer must be 32-byte aligned (rows are read in 16- and 32-byte vectors)"),
+            ("num_per_channels == 128 || (num_per_channels == hidden && hidden > 0)",
+             "num_per_channels must be 128 or hidden (x.shape[1] / 2)"),
+            ("!use_tma_aligned_col_major_sf || num_per_channels == 128",
+             "use_tma_aligned_col_major_sf=True needs num_per_channels == 128"),
+            ("!use_packed_ue8m0 || (use_tma_aligned_col_major_sf && round_sf)",
+             "use_packed_ue8m0=True needs use_tma_aligned_col_major_sf=True and round_sf=True"),
+            ("!pos_to_token_topk.present || topk_weights.present",
+             "topk_weights must be given with pos_to_token_topk"),
+            ("!pos_to_token_topk.present || pos_to_token_topk.shape[0] == num_tokens",
+             "pos_to_token_topk must have shape [num_tokens] (x.shape[0])"),
+            ("!pos_to_expert.present || pos_to_expert.shape[0] == num_tokens",
+             "pos_to_expert must have shape [num_tokens] (x.shape[0])"),
+            ("!clamped_count.present || !swiglu_clamp_value_is_none",
+             "clamped_count needs swiglu_clamp_value"),
+            ("!clamped_count.present || clamped_count.shape[0] == 3",
+             "clamped_count must have shape [3]"),
+        ],
+        config={
+            "in_dtype": "x.dtype",
+            "sf_format": 'use_packed_ue8m0 ? "ue8m0_col" : (use_tma_aligned_col_major_sf ? "fp32_col" : "fp32")',
+            # one group per row: the smallest multiple of 8192 that holds the row
+            "max_row_hidden": "num_per_channels == 128 ? 0 : align_up(hidden, 8192)",
+        },
+        kernel_args={
+            "x": "x.data",
+            "out": "out.data",
+            "out_sf": "out_sf.data",
+            "pos_to_token_topk": "pos_to_token_topk.data",  # nullptr when absent
+            "topk_weights": "topk_weights.data",
+            "pos_to_expert": "pos_to_expert.data",
+            "clamped_count": "clamped_count.data",
+            "has_weights": "pos_to_token_topk.present ? 1 : 0",
+            "has_pos_to_expert": "pos_to_expert.present ? 1 : 0",
+            "clamp_mode": "swiglu_clamp_value_is_none ? 0 : (clamped_count.present ? 2 : 1)",
+            "swiglu_clamp_value": "swiglu_clamp_value_is_none ? 0.0 : swiglu_clamp_value",
+            "round_sf": "round_sf ? 1 : 0",
+            "sf_clamp_min": "sf_clamp_min_is_none ? 1e-4 : sf_clamp_min",
+            "num_tokens": "num_tokens",
+            "hidden_blocks": "hidden / 128",
+            "sf_stride": "out_sf.stride[1]",  # column-major formats: the token stride of a group
+        },
+        launch_when="num_tokens > 0 && hidden > 0",
+        doc=("SwiGLU forward fused with a per-token FP8 (e4m3) cast: returns (out, out_sf). "
+             "See tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast for the exact "
+             "arithmetic. Rows with pos_to_expert < 0 are written as zero bytes (out and sf)."),
+    )
+]
