@@ -44,13 +44,14 @@ def kernel_module(kernel_name: str):
 
 
 def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
-    """Content hash of everything lowering depends on: the kernel module's source
-    (and the shared spec module), the config, the arch and the TileLang version."""
+    """Content hash of everything lowering depends on: the kernel module's source,
+    this stage's own source, the config, the arch and the TileLang version."""
     import tilelang
 
     module = kernel_module(kernel_name)
     h = hashlib.sha256()
     h.update(Path(inspect.getfile(module)).read_bytes())
+    h.update(Path(__file__).read_bytes())
     h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
     return h.hexdigest()
 
