@@ -5,7 +5,7 @@ Output layout (``--out DIR``)::
     DIR/manifest.json
     DIR/kernels/<arch>/<kernel>__<config>.cubin
     DIR/stubs/*.cc            (generated C++ host stubs)
-    DIR/../aot-cache/         (content-hash caches: lowered/*.json, cubin/*.cubin)
+    build/aot-cache/          (content-hash caches: lowered/*.json, cubin/*.cubin; TKA_CACHE_DIR overrides)
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def build_one(kernel: str, config: dict, arch: str, cache_dir: str) -> tuple:
 
 def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dict:
     out = Path(out)
-    cache_dir = Path(os.environ.get("TKA_CACHE_DIR", out.parent / "aot-cache"))
+    cache_dir = Path(os.environ.get("TKA_CACHE_DIR", Path(__file__).resolve().parent.parent / "build" / "aot-cache"))
     table = load_table(table_path)
     unknown = [k for k in table if k not in KERNEL_MODULES]
     if unknown:
