@@ -12,14 +12,17 @@ A kernel module (``kernels_tl/<family>/<op>.py``) exports:
 Expressions in an ``OpSpec`` are C++ snippets evaluated inside the generated
 stub.  In scope there:
 
-* every tensor parameter ``t`` as a view with ``t.ndim``, ``t.shape[i]``,
-  ``t.stride[i]`` (elements), ``t.dtype`` (a ``DType`` code), ``t.present``
-  (false for an optional tensor passed as ``None``), ``t.contiguous()``;
+* every tensor parameter and output ``t`` as a view with ``t.ndim``,
+  ``t.shape[i]``, ``t.stride[i]`` (elements), ``t.dtype`` (a ``DType`` code),
+  ``t.data`` (pointer, byte offset applied), ``t.present`` (false for an
+  optional tensor passed as ``None``), ``t.contiguous()``; outputs only in
+  ``kernel_args``;
 * every scalar parameter by name: ``int64_t`` for ints, ``double`` for floats,
   ``bool`` for bools (``None`` allowed where declared: test ``<name>_is_none``),
   ``std::string_view`` for strings;
-* every ``dims`` entry (``int64_t``), in declaration order, and the helpers
-  ``ceil_div(a, b)``, ``align_up(a, b)``;
+* every ``dims`` entry (``int64_t``), in declaration order (they are evaluated
+  before ``checks``, so guard divisions), and the helpers ``ceil_div(a, b)``,
+  ``align_up(a, b)``, ``dtype_bytes(dtype)``;
 * dtype constants ``BF16, F32, F16, E4M3, I8, U8, I32, I64``.
 """
 

@@ -43,15 +43,15 @@ def _cases():
         return (_rand((n, 256), torch.float32, gen), 8), {}, ("out",), {"num_tokens": n, "num_experts": 256, "num_topk": 8}
 
     def per_token_cast(n, gen):
-        dims = {"num_tokens": n, "hidden": 7168, "num_per_channels": 128, "in_bytes": 2, "out_bits": 8, "sf_bytes": 4}
+        dims = {"num_tokens": n, "hidden": 7168, "num_groups": 7168 // 128, "in_dtype": "bfloat16", "fmt": "e4m3"}
         return (_rand((n, 7168), torch.bfloat16, gen), "e4m3", 128), {}, ("out", "out_sf"), dims
 
     def swiglu(n, gen):
-        dims = {"num_tokens": n, "hidden": 2048, "num_per_channels": 128, "in_bytes": 2, "sf_bytes": 4}
+        dims = {"num_tokens": n, "hidden": 2048, "num_sf": 2048 // 128, "in_dtype": "bfloat16", "sf_format": "fp32"}
         return (_rand((n, 4096), torch.bfloat16, gen), "e4m3", 128), {}, ("out", "out_sf"), dims
 
     def transpose(n, gen):
-        return (_rand((n, 4096), torch.bfloat16, gen),), {}, ("out",), {"num_batches": 1, "shape_x": n, "shape_y": 4096, "elem_bytes": 2}
+        return (_rand((n, 4096), torch.bfloat16, gen),), {}, ("out",), {"num_batches": 1, "rows": n, "cols": 4096, "dtype": "bfloat16"}
 
     return [
         ("moe.topk_gate", topk_gate, "moe", "topk_gate"),

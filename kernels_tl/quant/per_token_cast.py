@@ -1,0 +1,488 @@
+"""quant.per_token_cast (+ ``_with_sf_only``, ``_with_precomputed_sf``): FP8/FP4
+quantization of each row in groups of ``num_per_channels`` channels.
+
+``x`` bf16/fp32 [num_tokens, hidden] (rows may be strided, unit stride inside a
+row) -> ``out`` float8_e4m3fn [num_tokens, hidden] or packed e2m1 int8
+[num_tokens, hidden / 2] (element ``2j`` in the low nibble of byte ``j``), and the
+dequantization factors ``out_sf`` of every group, as fp32 row-major, fp32
+TMA-aligned column-major, or UE8M0 exponents packed four per int32 in the
+column-major form.  The arithmetic is the reference's
+(``tile_kernels_aot.torch.quant``): ``c = max(amax, clamp_min)``,
+``sf = c / MAX``, ``sf_inv = MAX / c`` (both IEEE divisions) or, with
+``round_sf``, ``sf = 2**e``, ``sf_inv = 2**-e`` with ``e = ceil(log2(c / MAX))``
+taken on the bits; ``q = encode(float32(x) * sf_inv)``, e4m3 by the hardware's
+``cvt.rn.satfinite`` and e2m1 round-to-nearest-even saturating at 6.
+
+Design
+------
+A purely memory-bound kernel: per element 2 (bf16) or 4 (fp32) bytes in and
+1 or 1/2 byte out.  Everything lives in registers; there is no shared memory
+except 32 bytes for the cross-warp max of the one-group-per-row variant.
+
+* The unit of data is a 16-byte *piece* (8 bf16 / 4 fp32 values): one
+  ``LDG.128`` per piece.  Every thread owns ``32`` elements (4 or 8 pieces),
+  i.e. 64 or 128 bytes in flight per thread, and no element twice.
+* A group is shared by ``TPG`` consecutive lanes (2 for groups of 32 and 64,
+  4 for 128) that read its pieces *interleaved*: lane ``r`` takes pieces
+  ``r, r + TPG, r + 2 TPG, ...`` of the group.  At every load instruction the
+  ``TPG`` lanes of a group thus read ``TPG * 16 >= 32`` contiguous bytes, i.e.
+  whole 32-byte sectors, while a thread still needs only ``log2(TPG)``
+  shuffles for its group's max.  (Giving each thread one contiguous run would
+  make every load instruction touch half of each sector.)  For groups of 32 a
+  thread covers two consecutive groups (``ROUNDS = 2``).
+* A *slot* = the ``TPG`` lanes that share ``ROUNDS`` consecutive groups of
+  one row; rows are laid out slot after slot across the flat thread index
+  (``lanes_per_row`` threads per row, a runtime argument), so ``hidden`` and
+  the token count are dynamic and one cubin serves every width.  Groups past
+  the end of a row (the partial last group of hidden = 576 with groups of 128,
+  padding groups of a packed word) load nothing and contribute 0 to the max.
+* One group per row (``group = 0``): ``lanes_per_row`` = the next power of two
+  of ``hidden / 32`` (<= 256, so hidden <= 8192), lane ``r`` reads pieces
+  ``r, r + lanes_per_row, ...`` of the row (every load instruction of a warp
+  is one contiguous 512-byte run); the row max is a shuffle tree inside the
+  warp and, for rows wider than a warp, a 8-float shared-memory exchange.
+* Scale factors: each group's factor is written by its slot's first lane, as
+  one 32-bit word, through the two element strides of the sf tensor (row-major
+  ``(groups, 1)``, column-major ``(1, align(T, 4))``), so the layout is a
+  runtime argument.  Packed UE8M0: the 4 groups of one int32 word belong to
+  ``4 / ROUNDS`` consecutive slots of one warp (the host pads the slots of a
+  row to whole words); the first of them ORs the others' exponent bytes in
+  with ``shfl_down`` and writes the word, unused bytes zero.
+* Variant flags (runtime, uniform branches): ``write_out`` (0 for
+  ``_with_sf_only``), ``read_sf`` (``_with_precomputed_sf``: the fp32 factor is
+  read and inverted, ``1 / sf``; nothing is written to sf), ``round_sf``,
+  ``packed_sf``.
+* e2m1 encoding: on sm_100a the hardware's ``cvt.rn.satfinite.e2m1x2.f32``
+  (TileLang's float4_e2m1fn cast); elsewhere (sm_90a has no FP4 convert, and
+  the CUDA header's software fallback is slow and branchy) a branch-free count
+  of the rounding boundaries below ``|v|``, identical to the reference's.  The
+  choice is made from the TVM target current when the factory runs
+  (``aot.lower`` runs it under the target); without one the portable path is
+  used (bit-identical, only slower on sm_100a).
+
+Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1)
+x ``group`` (32, 64, 128, 0 = one group per row) = 16 configs cover DESIGN.md's
+coverage (every hidden size, every sf form, round_sf and the three ops are
+runtime arguments).
+
+Expected cost at the prefill shape (bf16 -> e4m3, 8192 x 7168, groups of 128):
+117.4 MB read + 58.7 MB + 1.8 MB (fp32 sf) written = 178 MB, 43.4 us at
+4.1 TB/s.  7168 blocks of 256 threads, 4 x LDG.128 + 4 x STG.64 per thread,
+about 250 instructions per thread (~14 us of issue time, hidden under the
+memory time).
+"""
+
+from tilelang import language as T
+
+from kernels_tl.spec import Bool, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
+
+THREADS = 256  # per block
+ELEMS_PER_THREAD = 32
+# 4 blocks of 256 threads per SM (<= 64 registers, no spills in any config):
+# 1024 threads x 64-128 bytes of loads each in flight per SM.  5 (<= 48
+# registers) costs a few spilled bytes in most configs.
+MIN_BLOCKS_PER_SM = 4
+WARP = 32
+
+_MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0}
+_CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
+_IN_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def _group_layout(group: int, piece: int):
+    """(TPG, PPT, ROUNDS) of a group size: lanes per group, pieces per thread
+    per group, groups per thread.  TPG >= 2 keeps every load sector-complete."""
+    pieces_per_group = group // piece
+    tpg = 4 if group == 128 else 2
+    ppt = pieces_per_group // tpg
+    rounds = (ELEMS_PER_THREAD // piece) // ppt
+    assert tpg * ppt == pieces_per_group and rounds * ppt * piece == ELEMS_PER_THREAD
+    return tpg, ppt, rounds
+
+
+def _has_fp4_convert() -> bool:
+    """Whether the target being lowered for has cvt.*.e2m1x2 (sm_100a and up)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda":
+        return False
+    arch = str(target.attrs.get("arch", ""))
+    return arch.startswith("sm_") and arch.endswith(("a", "f")) and int(arch[3:-1]) >= 100
+
+
+def _e2m1_nibble(v):
+    """FP4 nibble of a float32 value, round-to-nearest-even, saturating at 6.
+
+    The magnitude code is the number of rounding boundaries at or below |v|:
+    between neighbours q_i < q_{i+1} the boundary is their midpoint, which
+    belongs to the neighbour with the even code (0.25 -> 0, 0.75 -> 1.0, ...).
+    The sign bit is the float's, so small negatives give -0 (0x8)."""
+    a = T.abs(v)
+    code = (
+        T.Cast("uint32", a > T.float32(0.25)) + T.Cast("uint32", a >= T.float32(0.75))
+        + T.Cast("uint32", a > T.float32(1.25)) + T.Cast("uint32", a >= T.float32(1.75))
+        + T.Cast("uint32", a > T.float32(2.5)) + T.Cast("uint32", a >= T.float32(3.5))
+        + T.Cast("uint32", a > T.float32(5.0))
+    )
+    sign = (T.reinterpret(v, T.uint32) >> T.uint32(28)) & T.uint32(8)
+    return code | sign
+
+
+def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
+    assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 32, 64, 128)
+    piece = 16 // _IN_BYTES[in_dtype]  # elements per 16-byte load
+    npieces = ELEMS_PER_THREAD // piece  # pieces per thread
+    per_row = group == 0
+    if per_row:
+        tpg, ppt, rounds = None, npieces, 1
+    else:
+        tpg, ppt, rounds = _group_layout(group, piece)
+    pieces_per_group = None if per_row else group // piece
+    slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
+
+    max_value = _MAX_VALUE[fmt]
+    clamp_min = _CLAMP_MIN[fmt]
+    hw_fp4 = fmt == "e2m1" and _has_fp4_convert()
+    if fmt == "e4m3":
+        out_dtype, out_width = T.float8_e4m3fn, piece
+    elif hw_fp4:
+        out_dtype, out_width = T.float4_e2m1fn, piece  # TileLang packs two per byte
+    else:
+        out_dtype, out_width = T.uint8, piece // 2  # nibbles packed by hand
+
+    # Where a thread's data lies.  `lane`: its index among the lanes sharing a
+    # group (per row: among the row's lanes); `slot`: which run of `rounds`
+    # groups of its row it covers; piece (j, k): its k-th piece of round j.
+    def lane_of(lane_in_row):
+        return lane_in_row if per_row else lane_in_row % tpg
+
+    def slot_of(lane_in_row):
+        return 0 if per_row else lane_in_row // tpg
+
+    def group_of(slot, j):
+        return slot * rounds + j
+
+    def piece_of(slot, lane, j, k, lanes_per_row):
+        if per_row:
+            return k * lanes_per_row + lane
+        return group_of(slot, j) * pieces_per_group + k * tpg + lane
+
+    num_tokens = T.dynamic("num_tokens")
+    row_pieces = T.dynamic("row_pieces")  # hidden / piece
+    x_stride = T.dynamic("x_stride")  # elements between rows of x
+    sf_words = T.dynamic("sf_words")  # 32-bit words of sf storage
+
+    @T.prim_func
+    def per_token_cast(
+        x: T.StridedTensor[(num_tokens, row_pieces, piece), (x_stride, piece, 1), in_dtype],
+        out: T.Tensor[(num_tokens, row_pieces, out_width), out_dtype],
+        # fp32 factors or packed UE8M0 words, as raw 32-bit words; element
+        # [row, group (or group / 4 when packed)] is at row * sf_row_stride + col * sf_col_stride.
+        sf: T.Tensor[(sf_words,), T.uint32],
+        lanes_per_row: T.int32,
+        num_groups: T.int32,
+        sf_row_stride: T.int32,
+        sf_col_stride: T.int32,
+        round_sf: T.int32,
+        packed_sf: T.int32,
+        write_out: T.int32,
+        read_sf: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * lanes_per_row, THREADS), threads=THREADS) as bid:
+            tid = T.get_thread_binding()
+            # Rows start on 16-byte boundaries (checked by the host): every piece is one vector load.
+            T.assume(x_stride % piece == 0)
+            T.assume(lanes_per_row > 0)
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
+
+            xv = T.alloc_local((npieces, piece), in_dtype)
+            amax = T.alloc_local((rounds,), T.float32)
+            sf_inv = T.alloc_local((rounds,), T.float32)
+            sf_bits = T.alloc_local((rounds,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
+            packed = T.alloc_local((out_width,), T.uint8)
+            word = T.alloc_var(T.uint32)
+            if per_row:
+                warp_max = T.alloc_shared((THREADS // WARP,), T.float32, scope="shared")
+
+            # one 32-bit division per thread; the indices below derive from these two
+            row = T.alloc_var(T.int32)
+            lane_in_row = T.alloc_var(T.int32)
+            row = (bid * THREADS + tid) // lanes_per_row
+            lane_in_row = (bid * THREADS + tid) - row * lanes_per_row
+            lane = lane_of(lane_in_row)
+            slot = slot_of(lane_in_row)
+            row_ok = row < num_tokens
+
+            # ---- load: all pieces first, so that every load is in flight before the first use
+            for j in T.unroll(rounds):
+                for k in T.unroll(ppt):
+                    if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
+                        for u in T.vectorized(piece):
+                            xv[j * ppt + k, u] = x[row, piece_of(slot, lane, j, k, lanes_per_row), u]
+                    else:
+                        for u in T.unroll(piece):
+                            xv[j * ppt + k, u] = T.cast(0, in_dtype)
+
+            # ---- group max: in registers, then across the lanes sharing the group
+            for j in T.unroll(rounds):
+                amax[j] = T.float32(0)
+                for i in T.unroll(ppt * piece):
+                    amax[j] = T.max(amax[j], T.abs(T.cast(xv[j * ppt + i // piece, i % piece], T.float32)))
+            if per_row:
+                for s in T.unroll(5):
+                    if (1 << s) < lanes_per_row:
+                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                if lanes_per_row > WARP:
+                    # rows wider than a warp: exchange the warp maxima (uniform branch)
+                    if tid % WARP == 0:
+                        warp_max[tid // WARP] = amax[0]
+                    T.sync_threads()
+                    warps_per_row = lanes_per_row // WARP
+                    first = (tid // WARP) - (tid // WARP) % warps_per_row
+                    amax[0] = warp_max[first]
+                    for w in T.unroll(1, THREADS // WARP):
+                        if w < warps_per_row:
+                            amax[0] = T.max(amax[0], warp_max[first + w])
+            else:
+                for j in T.unroll(rounds):
+                    for s in T.unroll(tpg.bit_length() - 1):
+                        amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+
+            # ---- factors
+            for j in T.unroll(rounds):
+                if read_sf != 0:
+                    sf_inv[j] = T.float32(1)
+                    if row_ok and group_of(slot, j) < num_groups:
+                        given = T.reinterpret(
+                            sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
+                        sf_inv[j] = T.float32(1) / given
+                else:
+                    clamped = T.max(amax[j], T.float32(clamp_min))
+                    sf_value = clamped / T.float32(max_value)
+                    if round_sf != 0:
+                        # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
+                        biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+                        sf_bits[j] = T.if_then_else(packed_sf != 0, biased, biased << T.uint32(23))
+                        sf_inv[j] = T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32)
+                    else:
+                        sf_bits[j] = T.reinterpret(sf_value, T.uint32)
+                        sf_inv[j] = T.float32(max_value) / clamped
+
+            # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
+            if read_sf == 0:
+                if packed_sf != 0:
+                    word = T.uint32(0)
+                    for j in T.unroll(rounds):
+                        if group_of(slot, j) < num_groups:
+                            word = word | (sf_bits[j] << T.uint32(8 * ((group_of(slot, j)) % 4)))
+                    if not per_row:
+                        # the slots of one word are consecutive lanes of this warp: gather their bytes
+                        part = word
+                        for m in T.unroll(1, slots_per_word):
+                            word = word | T.shfl_down(part, m * tpg)
+                    if row_ok and lane == 0 and slot % slots_per_word == 0 and group_of(slot, 0) < num_groups:
+                        sf[row * sf_row_stride + (group_of(slot, 0) // 4) * sf_col_stride] = word
+                else:
+                    for j in T.unroll(rounds):
+                        if row_ok and lane == 0 and group_of(slot, j) < num_groups:
+                            sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride] = sf_bits[j]
+
+            # ---- quantize and store
+            if write_out != 0:
+                for j in T.unroll(rounds):
+                    for k in T.unroll(ppt):
+                        if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
+                            if fmt == "e4m3" or hw_fp4:
+                                for u in T.vectorized(piece):
+                                    out[row, piece_of(slot, lane, j, k, lanes_per_row), u] = T.cast(
+                                        T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
+                            else:
+                                for b in T.unroll(out_width):
+                                    lo = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
+                                    hi = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
+                                    packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
+                                for b in T.vectorized(out_width):
+                                    out[row, piece_of(slot, lane, j, k, lanes_per_row), b] = packed[b]
+
+    return per_token_cast
+
+
+KERNEL = KernelSpec(
+    name="quant.per_token_cast",
+    factory=per_token_cast_kernel,
+    static=("in_dtype", "fmt", "group"),
+    # per_token_cast: x read once, out and the fp32/packed factors written once
+    bytes=("num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4)"
+           " + num_tokens * hidden // (1 if fmt == 'e4m3' else 2)"
+           " + num_tokens * num_groups * 4"),
+    pass_configs={
+        "tl.disable_tma_lower": True,
+        "tl.disable_warp_specialized": True,
+        # every global access is guarded by the kernel's own row / piece / group tests
+        "tl.disable_safe_memory_legalize": True,
+    },
+)
+
+
+# ---------------------------------------------------------------------------
+# Host side: the three public ops.  C++ expressions, evaluated in the stub.
+# ---------------------------------------------------------------------------
+
+_GROUPED = "(num_per_channels == 32 || num_per_channels == 64 || num_per_channels == 128)"
+
+
+def _params(with_sf: bool):
+    params = [
+        Param("x", Tensor(["bfloat16", "float32"], 2, contiguous=False)),
+        # e5m6 is upstream's per_token_cast_to_e5m6 path: a clear error below
+        Param("fmt", Str(["e4m3", "e2m1", "e5m6"])),
+        Param("num_per_channels", Int()),
+    ]
+    if with_sf:
+        params.append(Param("sf", Tensor(["float32"], 2, contiguous=False)))
+    params += [
+        Param("x_block_size", Int(optional=True), default=None, unsupported=True),  # pre-quantized (data, sf) x
+        Param("use_tma_aligned_col_major_sf", Bool(), default=False),
+        Param("round_sf", Bool(), default=False),
+        Param("use_packed_ue8m0", Bool(), default=False),
+    ]
+    return params
+
+
+def _dims():
+    return {
+        "num_tokens": "x.shape[0]",
+        "hidden": "x.shape[1]",
+        "piece": "(x.dtype == BF16 ? 8 : 4)",  # elements per 16-byte load
+        "group": f"({_GROUPED} ? num_per_channels : 0)",  # static config; 0 = one group per row
+        "num_groups": "ceil_div(hidden, num_per_channels)",
+        "sf_cols": "(use_packed_ue8m0 ? ceil_div(num_groups, 4) : num_groups)",
+        # column-major sf: the token dim padded to 16 bytes (upstream's strides for an empty batch: 1)
+        "sf_tma_stride": "(num_tokens > 0 ? align_up(num_tokens, 4) : 1)",
+        # threads per row: the slots of a row (packed UE8M0: whole words of 4 groups) x lanes per slot,
+        # or, one group per row, the next power of two >= hidden / 32
+        "lanes_per_row": (
+            "(group != 0 ? ceil_div(use_packed_ue8m0 ? align_up(num_groups, 4) : num_groups, group == 32 ? 2 : 1)"
+            " * (group == 128 ? 4 : 2)"
+            " : [&] { int64_t n = 1; while (n < ceil_div(hidden, 32)) n *= 2; return n; }())"
+        ),
+    }
+
+
+def _checks(op: str, with_sf: bool, sf_only: bool):
+    checks = [
+        ('fmt != "e5m6"', "fmt='e5m6' is not supported by this build (only 'e4m3' and 'e2m1')"),
+        ("num_per_channels > 0", "num_per_channels must be positive"),
+        (f"{_GROUPED} || (num_per_channels == hidden && hidden % 64 == 0)",
+         "num_per_channels must be 32, 64, 128, or hidden (one group per row, hidden % 64 == 0); "
+         "16 is not supported by this build"),
+    ]
+    if with_sf or sf_only:
+        checks.append(("num_per_channels != hidden",
+                       f"{op} does not support one group per row (num_per_channels == hidden)"))
+    checks += [
+        ("hidden % piece == 0",
+         "x must have a hidden size divisible by 8 (bfloat16) or 4 (float32): rows are read in 16-byte pieces"),
+        ("num_tokens <= 1 || x.stride[0] % piece == 0",
+         "x.stride(0) must be a multiple of 8 (bfloat16) or 4 (float32): rows must start 16-byte aligned"),
+        ("reinterpret_cast<uintptr_t>(x.data) % 16 == 0", "x's data pointer must be 16-byte aligned"),
+        ("group != 0 || hidden <= 8192", "one group per row (num_per_channels == hidden) supports hidden <= 8192"),
+        ("num_tokens * lanes_per_row <= 2147483647 - 256", "x has too many rows for one launch"),
+    ]
+    if with_sf:
+        checks += [
+            ("!use_tma_aligned_col_major_sf && !use_packed_ue8m0",
+             "the precomputed sf must be row-major float32 (use_tma_aligned_col_major_sf and "
+             "use_packed_ue8m0 must be False)"),
+            ("sf.shape[0] == num_tokens && sf.shape[1] == num_groups",
+             "sf must have shape [x.shape[0], ceil(hidden / num_per_channels)]"),
+        ]
+    else:
+        checks += [
+            ("!use_packed_ue8m0 || use_tma_aligned_col_major_sf",
+             "use_packed_ue8m0 requires use_tma_aligned_col_major_sf=True (packed UE8M0 factors are column-major)"),
+            ("!use_packed_ue8m0 || round_sf",
+             "use_packed_ue8m0 requires round_sf=True (UE8M0 holds powers of two only)"),
+        ]
+    return checks
+
+
+_OUT = Out("out", '(fmt == "e4m3" ? E4M3 : I8)', ["num_tokens", '(fmt == "e4m3" ? hidden : hidden / 2)'])
+# fp32 [T, groups] row-major; or column-major with the token dim padded to 16 bytes; packed UE8M0 words
+# int32 [T, ceil(groups / 4)] in the same column-major form (upstream's strided views).
+_OUT_SF = Out(
+    "out_sf",
+    "(use_packed_ue8m0 ? I32 : F32)",
+    ["num_tokens", "sf_cols"],
+    strides=["(use_tma_aligned_col_major_sf ? 1 : sf_cols)", "(use_tma_aligned_col_major_sf ? sf_tma_stride : 1)"],
+    storage="(use_tma_aligned_col_major_sf ? sf_cols * align_up(num_tokens, 4) : int64_t(-1))",
+)
+
+
+def _kernel_args(out: str, sf: str, sf_row_stride: str, sf_col_stride: str, write_out: int, read_sf: int):
+    return {
+        "x": "x.data",
+        "out": out,
+        "sf": sf,
+        "num_tokens": "num_tokens",
+        "row_pieces": "hidden / piece",
+        "x_stride": "(num_tokens > 1 ? x.stride[0] : hidden)",
+        "sf_words": "int64_t(0)",  # sf's extent: not read by the kernel (all accesses are guarded)
+        "lanes_per_row": "lanes_per_row",
+        "num_groups": "num_groups",
+        "sf_row_stride": sf_row_stride,
+        "sf_col_stride": sf_col_stride,
+        "round_sf": "int64_t(round_sf ? 1 : 0)",
+        "packed_sf": "int64_t(use_packed_ue8m0 ? 1 : 0)",
+        "write_out": f"int64_t({write_out})",
+        "read_sf": f"int64_t({read_sf})",
+    }
+
+
+_CONFIG = {"in_dtype": "x.dtype", "fmt": "fmt", "group": "group"}
+_LAUNCH = "num_tokens > 0 && hidden > 0"
+
+OPS = [
+    OpSpec(
+        module="quant",
+        name="per_token_cast",
+        params=_params(with_sf=False),
+        outs=[_OUT, _OUT_SF],
+        returns=["out", "out_sf"],
+        dims=_dims(),
+        checks=_checks("per_token_cast", with_sf=False, sf_only=False),
+        config=_CONFIG,
+        kernel_args=_kernel_args("out.data", "out_sf.data", "out_sf.stride[0]", "out_sf.stride[1]", 1, 0),
+        launch_when=_LAUNCH,
+        doc="Quantize x [T, H] (bf16/fp32) to e4m3 or packed e2m1 with one scale factor per group of "
+            "num_per_channels channels of a row; returns (out, out_sf).",
+    ),
+    OpSpec(
+        module="quant",
+        name="per_token_cast_with_sf_only",
+        params=_params(with_sf=False),
+        outs=[_OUT_SF],
+        returns=["out_sf"],
+        dims=_dims(),
+        checks=_checks("per_token_cast_with_sf_only", with_sf=False, sf_only=True),
+        config=_CONFIG,
+        kernel_args=_kernel_args("static_cast<void*>(nullptr)", "out_sf.data", "out_sf.stride[0]",
+                                 "out_sf.stride[1]", 0, 0),
+        launch_when=_LAUNCH,
+        doc="The out_sf of per_token_cast alone (x is read, nothing else is written).",
+    ),
+    OpSpec(
+        module="quant",
+        name="per_token_cast_with_precomputed_sf",
+        params=_params(with_sf=True),
+        outs=[_OUT],
+        returns=["out"],
+        dims=_dims(),
+        checks=_checks("per_token_cast_with_precomputed_sf", with_sf=True, sf_only=False),
+        config=_CONFIG,
+        kernel_args=_kernel_args("out.data", "sf.data", "sf.stride[0]", "int64_t(1)", 1, 1),
+        launch_when=_LAUNCH,
+        doc="Quantize x with given row-major float32 factors sf [T, groups]: out = encode(x * (1 / sf)).",
+    ),
+]
