@@ -102,7 +102,7 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
                 builds[arch] = mf.kernel_build_record(lowered, rel, data)
             entry["configs"].append({"config": cfg, "key": config_key(cfg), "builds": builds})
         manifest["kernels"][k] = entry
-        manifest["ops"] += [mf.op_record(op, k, spec.bytes) for op in module.OPS]
+        manifest["ops"] += [mf.op_record(op, k, op.bytes or spec.bytes) for op in module.OPS]
         units.append((spec, module.OPS, entry, f"kernels_tl/{k.replace('.', '/')}.py"))
     out.mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out / "manifest.json", manifest)

@@ -108,6 +108,7 @@ class OpSpec:
     kernel_args: dict  # prim_func parameter / dynamic var -> C++ expression
     launch_when: str = "true"  # no launch (outputs still returned) when false: empty inputs
     doc: str = ""
+    bytes: Optional[str] = None  # this op's bytes per launch, where it differs from KERNEL.bytes
 
 
 @dataclass(frozen=True)

@@ -471,6 +471,7 @@ OPS = [
                                  "out_sf.stride[1]", 0, 0),
         launch_when=_LAUNCH,
         doc="The out_sf of per_token_cast alone (x is read, nothing else is written).",
+        bytes="num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * num_groups * 4",
     ),
     OpSpec(
         module="quant",
@@ -484,5 +485,7 @@ OPS = [
         kernel_args=_kernel_args("out.data", "sf.data", "sf.stride[0]", "int64_t(1)", 1, 1),
         launch_when=_LAUNCH,
         doc="Quantize x with given row-major float32 factors sf [T, groups]: out = encode(x * (1 / sf)).",
+        bytes=("num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * num_groups * 4"
+               " + num_tokens * hidden // (1 if fmt == 'e4m3' else 2)"),
     ),
 ]
