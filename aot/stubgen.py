@@ -219,33 +219,41 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     L.append("  const int arch = device_arch(op, device);\n  if (arch < 0) return nullptr;\n")
     L.append(f"  const Launcher launcher = kLaunch[cfg][arch];\n")
     L.append(f"  if (launcher == nullptr) {{ runtime_error(op, \"this build has no %s kernel for this configuration\", kArchNames[arch]); return nullptr; }}\n")
-    # outputs
+    # outputs: specs first, then one make_outputs call (one allocation for all new outputs)
+    nout = len(op.outs)
+    if nout > 8:
+        raise ValueError(f"{qual}: at most 8 outputs")
+    if nout:
+        L.append(f"  OutSpec specs[{nout}];\n")
     for k, o in enumerate(op.outs):
-        idx = npos + k
-        L.append(f"  OutSpec {o.name}_spec;\n  {o.name}_spec.dtype = {o.dtype};\n  {o.name}_spec.ndim = {len(o.shape)};\n")
+        L.append(f"  specs[{k}].dtype = {o.dtype};\n  specs[{k}].ndim = {len(o.shape)};\n")
         for d, e in enumerate(o.shape):
-            L.append(f"  {o.name}_spec.shape[{d}] = {e};\n")
+            L.append(f"  specs[{k}].shape[{d}] = {e};\n")
         if o.strides:
             for d, e in enumerate(o.strides):
-                L.append(f"  {o.name}_spec.stride[{d}] = {e};\n")
+                L.append(f"  specs[{k}].stride[{d}] = {e};\n")
         else:
-            L.append(f"  dense_strides(&{o.name}_spec);\n")
+            L.append(f"  dense_strides(&specs[{k}]);\n")
         if o.storage:
-            L.append(f"  {o.name}_spec.storage = {o.storage};\n")
-        L.append(f"  Output {o.name}_holder;\n")
-        L.append(f"  if (!make_output(op, {cpp_string(o.name)}, v[{idx}], {o.name}_spec, device, &{o.name}_holder)) return nullptr;\n")
-        L.append(f"  const TensorArg& {o.name} = {o.name}_holder.t;\n  (void){o.name};\n")
+            L.append(f"  specs[{k}].storage = {o.storage};\n")
+    if nout:
+        L.append(f"  static const char* const out_names[] = {{{', '.join(cpp_string(o.name) for o in op.outs)}}};\n")
+        L.append(f"  Output outs[{nout}];\n")
+        L.append(f"  if (!make_outputs(op, {nout}, out_names, v + {npos}, specs, device, outs)) return nullptr;\n")
+    for k, o in enumerate(op.outs):
+        L.append(f"  const TensorArg& {o.name} = outs[{k}].t;\n  (void){o.name};\n")
     # launch
     L.append(f"  if ({op.launch_when}) {{\n    KArgs a;\n")
     for name, expr in op.kernel_args.items():
         L.append(f"    a.{name} = ArgValue({expr});\n")
     L.append("    if (!launcher(op, device, a)) return nullptr;\n  }\n")
+    index = {o.name: k for k, o in enumerate(op.outs)}
     if len(op.returns) == 1:
-        L.append(f"  return {op.returns[0]}_holder.release();\n")
+        L.append(f"  return outs[{index[op.returns[0]]}].release();\n")
     else:
         L.append(f"  PyObject* result = PyTuple_New({len(op.returns)});\n  if (result == nullptr) return nullptr;\n")
         for k, r in enumerate(op.returns):
-            L.append(f"  PyTuple_SET_ITEM(result, {k}, {r}_holder.release());\n")
+            L.append(f"  PyTuple_SET_ITEM(result, {k}, outs[{index[r]}].release());\n")
         L.append("  return result;\n")
     L.append("}\n")
     doc = text_signature(op) + "\n--\n\n" + (op.doc or f"{qual}: see TileKernels' documentation of this op.")

@@ -265,12 +265,16 @@ bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out) {
   return type_error(op, "%s must be a bool, got %s", name, Py_TYPE(obj)->tp_name);
 }
 
+static std::string choices_text(std::initializer_list<const char*> choices) {
+  std::string text;
+  for (const char* c : choices) text += std::string(text.empty() ? "" : ", ") + "'" + c + "'";
+  return text;
+}
+
 bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
              std::string_view* out) {
-  std::string expected;
-  for (const char* c : choices) expected += std::string(expected.empty() ? "" : ", ") + "'" + c + "'";
   if (!PyUnicode_Check(obj))
-    return type_error(op, "%s must be one of %s, got %s", name, expected.c_str(), Py_TYPE(obj)->tp_name);
+    return type_error(op, "%s must be one of %s, got %s", name, choices_text(choices).c_str(), Py_TYPE(obj)->tp_name);
   Py_ssize_t size = 0;
   const char* s = PyUnicode_AsUTF8AndSize(obj, &size);
   if (s == nullptr) return false;
@@ -280,7 +284,7 @@ bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_l
       *out = v;
       return true;
     }
-  return value_error(op, "%s must be one of %s, got '%s'", name, expected.c_str(), s);
+  return value_error(op, "%s must be one of %s, got '%s'", name, choices_text(choices).c_str(), s);
 }
 
 bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed) {
@@ -325,17 +329,28 @@ void dense_strides(OutSpec* spec) {
 
 namespace {
 
-// A view (shape/strides) over a 1-D allocation; owns the allocation.
-struct StridedView {
+// One allocation shared by all of a call's new outputs (one trip through torch's
+// allocator instead of one per output); freed when the last output dies.
+struct SharedBlob {
+  DLManagedTensorVersioned* managed;
+  std::atomic<int> refs;
+};
+
+// An output tensor: a strided view into the shared allocation.
+struct OutputView {
   DLManagedTensorVersioned self;
-  DLManagedTensorVersioned* storage;
+  SharedBlob* blob;
   int64_t shape[kMaxDims];
   int64_t strides[kMaxDims];
 };
 
-void delete_view(DLManagedTensorVersioned* self) {
-  auto* view = reinterpret_cast<StridedView*>(self);
-  if (view->storage->deleter) view->storage->deleter(view->storage);
+void release_view(DLManagedTensorVersioned* self) {
+  auto* view = reinterpret_cast<OutputView*>(self);
+  SharedBlob* blob = view->blob;
+  if (blob->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (blob->managed->deleter) blob->managed->deleter(blob->managed);
+    delete blob;
+  }
   delete view;
 }
 
@@ -343,91 +358,114 @@ void set_alloc_error(void* op, const char* kind, const char* message) {
   PyErr_Format(PyExc_RuntimeError, "%s: output allocation failed: %s: %s", static_cast<const char*>(op), kind, message);
 }
 
+// Elements a view spans: the furthest element + 1 (0 when empty), unless the spec says.
+int64_t storage_elements(const OutSpec& spec) {
+  if (spec.storage >= 0) return spec.storage;
+  int64_t n = 1;
+  for (int i = 0; i < spec.ndim; ++i) {
+    if (spec.shape[i] == 0) return 0;
+    n += (spec.shape[i] - 1) * spec.stride[i];
+  }
+  return n;
+}
+
+bool check_given(const char* op, const char* name, PyObject* given, const OutSpec& spec, int device, Output* out) {
+  if (!tensor_arg(op, name, given, false, &out->t)) return false;
+  if (out->t.dtype != spec.dtype)
+    return type_error(op, "%s must have dtype %s, got %s", name, dtype_name(spec.dtype), dtype_name(out->t.dtype));
+  bool same = out->t.ndim == spec.ndim;
+  for (int i = 0; same && i < spec.ndim; ++i) same = out->t.shape[i] == spec.shape[i];
+  if (!same) {
+    std::string expected = "(", got = "(";
+    for (int i = 0; i < spec.ndim; ++i) expected += std::to_string(spec.shape[i]) + (i + 1 < spec.ndim ? ", " : "");
+    for (int i = 0; i < out->t.ndim; ++i) got += std::to_string(out->t.shape[i]) + (i + 1 < out->t.ndim ? ", " : "");
+    return value_error(op, "%s must have shape %s), got %s)", name, expected.c_str(), got.c_str());
+  }
+  for (int i = 0; i < spec.ndim; ++i)
+    if (spec.shape[i] > 1 && out->t.stride[i] != spec.stride[i])
+      return value_error(op, "%s must have the strides of the tensor the op returns (dim %d: %lld, got %lld)", name, i,
+                         static_cast<long long>(spec.stride[i]), static_cast<long long>(out->t.stride[i]));
+  if (!check_same_device(op, name, out->t, device)) return false;
+  if (reinterpret_cast<uintptr_t>(out->t.data) % 16 != 0) return value_error(op, "%s must be 16-byte aligned", name);
+  Py_INCREF(given);
+  out->obj = given;
+  return true;
+}
+
 }  // namespace
 
-bool make_output(const char* op, const char* name, PyObject* given, const OutSpec& spec, int device, Output* out) {
-  if (given != nullptr && given != Py_None) {
-    if (!tensor_arg(op, name, given, false, &out->t)) return false;
-    if (out->t.dtype != spec.dtype)
-      return type_error(op, "%s must have dtype %s, got %s", name, dtype_name(spec.dtype), dtype_name(out->t.dtype));
-    bool same = out->t.ndim == spec.ndim;
-    for (int i = 0; same && i < spec.ndim; ++i) same = out->t.shape[i] == spec.shape[i];
-    if (!same) {
-      std::string expected = "(", got = "(";
-      for (int i = 0; i < spec.ndim; ++i) expected += std::to_string(spec.shape[i]) + (i + 1 < spec.ndim ? ", " : "");
-      for (int i = 0; i < out->t.ndim; ++i) got += std::to_string(out->t.shape[i]) + (i + 1 < out->t.ndim ? ", " : "");
-      return value_error(op, "%s must have shape %s), got %s)", name, expected.c_str(), got.c_str());
+bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
+                  int device, Output* outs) {
+  constexpr int64_t kAlign = 256;
+  int64_t offsets[kMaxOutputs];
+  int64_t total = 0;
+  int fresh = 0;
+  for (int i = 0; i < n; ++i) {
+    if (given[i] != nullptr && given[i] != Py_None) {
+      if (!check_given(op, names[i], given[i], specs[i], device, &outs[i])) return false;
+      continue;
     }
-    for (int i = 0; i < spec.ndim; ++i)
-      if (spec.shape[i] > 1 && out->t.stride[i] != spec.stride[i])
-        return value_error(op, "%s must have the strides of the tensor the op returns (dim %d: %lld, got %lld)", name, i,
-                           static_cast<long long>(spec.stride[i]), static_cast<long long>(out->t.stride[i]));
-    if (!check_same_device(op, name, out->t, device)) return false;
-    if (reinterpret_cast<uintptr_t>(out->t.data) % 16 != 0) return value_error(op, "%s must be 16-byte aligned", name);
-    Py_INCREF(given);
-    out->obj = given;
-    return true;
+    offsets[i] = total;
+    total += align_up(storage_elements(specs[i]) * dtype_bytes(specs[i].dtype), kAlign);
+    ++fresh;
   }
+  if (fresh == 0) return true;
   const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
-  if (api == nullptr) return runtime_error(op, "no torch tensor seen yet to allocate %s with", name);
-  bool dense = spec.storage < 0;
-  if (dense) {
-    int64_t s = 1;
-    for (int i = spec.ndim - 1; i >= 0; --i) {
-      if (spec.shape[i] > 1 && spec.stride[i] != s) dense = false;
-      s *= spec.shape[i];
-    }
-  }
-  int64_t storage = spec.storage;
-  if (storage < 0) {  // non-dense strides without an explicit storage size: the furthest element + 1
-    storage = 1;
-    for (int i = 0; i < spec.ndim; ++i) storage += (spec.shape[i] - 1) * spec.stride[i];
-    for (int i = 0; i < spec.ndim; ++i) if (spec.shape[i] == 0) storage = 0;
-  }
+  if (api == nullptr) return runtime_error(op, "no torch tensor seen yet to allocate outputs with");
   DLTensor proto{};
   proto.device = {kDLCUDA, device};
-  proto.dtype = to_dl(spec.dtype);
-  int64_t flat_shape[1] = {storage};
-  int64_t shape[kMaxDims];
-  for (int i = 0; i < spec.ndim; ++i) shape[i] = spec.shape[i];
-  proto.ndim = dense ? spec.ndim : 1;
-  proto.shape = dense ? shape : flat_shape;
+  proto.dtype = {kDLUInt, 8, 1};
+  proto.ndim = 1;
+  proto.shape = &total;
   DLManagedTensorVersioned* managed = nullptr;
   if (api->managed_tensor_allocator(&proto, &managed, const_cast<char*>(op), set_alloc_error) != 0 || managed == nullptr) {
-    if (!PyErr_Occurred()) runtime_error(op, "output allocation of %s failed", name);
+    if (!PyErr_Occurred()) runtime_error(op, "output allocation failed");
     return false;
   }
-  DLManagedTensorVersioned* handed = managed;
-  if (!dense) {
-    auto* view = new StridedView();
-    view->storage = managed;
-    view->self = *managed;
-    view->self.manager_ctx = nullptr;
-    view->self.deleter = delete_view;
-    view->self.dl_tensor.ndim = spec.ndim;
-    for (int i = 0; i < spec.ndim; ++i) {
-      view->shape[i] = spec.shape[i];
-      view->strides[i] = spec.stride[i];
+  auto* blob = new SharedBlob{managed, {fresh}};
+  int pending = fresh;  // views not handed to torch yet (each holds one reference)
+  char* base = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
+  for (int i = 0; i < n; ++i) {
+    if (given[i] != nullptr && given[i] != Py_None) continue;
+    const OutSpec& spec = specs[i];
+    auto* view = new OutputView();
+    view->blob = blob;
+    view->self.version = managed->version;
+    view->self.flags = managed->flags;
+    view->self.deleter = release_view;
+    DLTensor& dl = view->self.dl_tensor;
+    dl.data = base + offsets[i];
+    dl.device = proto.device;
+    dl.ndim = spec.ndim;
+    dl.dtype = to_dl(spec.dtype);
+    dl.byte_offset = 0;
+    for (int d = 0; d < spec.ndim; ++d) {
+      view->shape[d] = spec.shape[d];
+      view->strides[d] = spec.stride[d];
     }
-    view->self.dl_tensor.shape = view->shape;
-    view->self.dl_tensor.strides = view->strides;
-    handed = &view->self;
+    dl.shape = view->shape;
+    dl.strides = view->strides;
+    Output& out = outs[i];
+    out.t.present = true;
+    out.t.data = dl.data;
+    out.t.ndim = spec.ndim;
+    out.t.dtype = spec.dtype;
+    out.t.device = device;
+    for (int d = 0; d < spec.ndim; ++d) {
+      out.t.shape[d] = spec.shape[d];
+      out.t.stride[d] = spec.stride[d];
+    }
+    PyObject* obj = nullptr;
+    if (api->managed_tensor_to_py_object_no_sync(&view->self, reinterpret_cast<void**>(&obj)) != 0 || obj == nullptr) {
+      // the views not made yet give their references back, then this one is released
+      blob->refs.fetch_sub(pending - 1);
+      release_view(&view->self);
+      if (!PyErr_Occurred()) runtime_error(op, "cannot hand %s back to torch", names[i]);
+      return false;
+    }
+    out.obj = obj;
+    --pending;
   }
-  out->t.present = true;
-  out->t.data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
-  out->t.ndim = spec.ndim;
-  out->t.dtype = spec.dtype;
-  out->t.device = device;
-  for (int i = 0; i < spec.ndim; ++i) {
-    out->t.shape[i] = spec.shape[i];
-    out->t.stride[i] = spec.stride[i];
-  }
-  PyObject* obj = nullptr;
-  if (api->managed_tensor_to_py_object_no_sync(handed, reinterpret_cast<void**>(&obj)) != 0 || obj == nullptr) {
-    if (!PyErr_Occurred()) runtime_error(op, "cannot hand %s back to torch", name);
-    return false;
-  }
-  out->obj = obj;
   return true;
 }
 

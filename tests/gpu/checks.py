@@ -41,8 +41,9 @@ def assert_bits_equal(actual, expected, what=""):
     """Every element, bit for bit (NaN == NaN with the same payload)."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    a = actual.detach().cpu().contiguous()
-    e = expected.detach().cpu().contiguous()
+    # dense copies (a column-major [n, 1] view is "contiguous" but not dense)
+    a = torch.empty(actual.shape, dtype=actual.dtype).copy_(actual.detach())
+    e = torch.empty(expected.shape, dtype=expected.dtype).copy_(expected.detach())
     if a.numel() == 0:
         return
     ab = a.view(torch.uint8).view(-1, a.element_size())

@@ -88,9 +88,12 @@ struct Output {
   ~Output() { Py_XDECREF(obj); }
   PyObject* release() { PyObject* o = obj; obj = nullptr; return o; }
 };
-// `given` (borrowed, may be nullptr or None): a caller's out= tensor, checked
-// against the spec; otherwise a new tensor is allocated on `device`.
-bool make_output(const char* op, const char* name, PyObject* given, const OutSpec& spec, int device, Output* out);
+constexpr int kMaxOutputs = 8;
+// The `n` outputs of a call: each `given[i]` (borrowed; nullptr or None when not
+// passed) is a caller's out= tensor, checked against specs[i]; the others are
+// allocated on `device`, together, in one allocation.
+bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
+                  int device, Output* outs);
 void dense_strides(OutSpec* spec);
 
 // ---- kernels
