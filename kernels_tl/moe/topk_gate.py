@@ -48,8 +48,29 @@ Expected cost at 8192 x 256, k = 8: 8 MiB read + 0.5 MiB written (~2 us of
 DRAM time, overlapped with the compute of tokens whose rows have arrived);
 ~90 instructions of loads and key conversion plus 8 rounds of ~43, i.e.
 ~435 warp instructions per token, 3.6 M in all: ~3.5 us of issue time on 132
-SMs at one instruction per scheduler per cycle.  34-40 registers, no spills:
-7-8 blocks (56-64 warps) per SM.
+SMs at one instruction per scheduler per cycle.
+
+Occupancy (tuning; H200 measured 9.3 us at 8192 x 256, k = 8, target 9).
+Before: 34 registers on sm_90a, which the allocator rounds to 40 per thread
+(256-register warp granularity): 51 warps fit, i.e. 6 blocks = 48 warps per
+SM, 792 blocks per wave for 1024 blocks -- 1.3 waves, and the last 232 blocks
+start only when first-wave blocks retire, paying a second full DRAM latency +
+8-round dependency chain on top.  Now:
+
+* ``__launch_bounds__(256, 8)`` (``T.annotate_min_blocks_per_sm``) caps the
+  kernel at 32 registers, so 8 blocks = 64 warps (the hardware maximum) fit
+  per SM: 1056 resident blocks >= 1024, the whole 8192-token batch is one
+  wave and every row load is issued at kernel start;
+* the offer step selects the slot base ``32 * s`` (an immediate) and adds the
+  lane once before ``redux.min``, instead of keeping 8-12 ``32 * s + lane``
+  constants in registers: that is what makes the 32-register cap free (no
+  spills, no re-materialised constants; the loop, unrolled by 2, is 96 instructions
+  for 2 rounds on sm_90a at 256 experts, as before).  ``_NO_OFFER`` is
+  0xFFFFFF00 so that adding a lane id cannot wrap.
+
+ptxas (sm_90a / sm_100a): 72 experts 24 / 22, 256: 28 / 26, 288: 28 / 28,
+384: 32 / 30 registers, no spills.  Predicted: the 256-expert launch loses its
+second-wave tail, ~9.3 -> ~8 us (instruction count per token unchanged).
 """
 
 from tilelang import language as T
@@ -60,9 +81,14 @@ WARP = 32
 # 8 warps = 8 tokens per block: 256 threads, small enough that a partial last
 # block wastes little, large enough to keep the block count low.
 TOKENS_PER_BLOCK = 8
+# Blocks per SM asked of ptxas: 64 warps (the hardware maximum), i.e. a
+# 32-register cap (every expert count fits without spills).
+MIN_BLOCKS_PER_SM = 64 // TOKENS_PER_BLOCK
 
 _REMOVED = 0  # key of a taken or padding slot: below every real score
-_NO_OFFER = 0xFFFFFFFF  # a lane without the max key offers this to the min-reduction
+# A lane without the max key offers this (+ its lane id, no wrap) to the
+# min-reduction: above every real expert index.
+_NO_OFFER = 0xFFFFFF00
 
 
 def _order_key(bits):
@@ -95,6 +121,8 @@ def topk_gate_kernel(num_experts: int):
         topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS_PER_BLOCK), threads=TOKENS_PER_BLOCK * WARP) as pid:
+            # <= 32 registers: 8 blocks = 64 warps per SM (see "Occupancy").
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
             lane = tid % WARP
             token = pid * TOKENS_PER_BLOCK + tid // WARP
@@ -123,8 +151,9 @@ def topk_gate_kernel(num_experts: int):
                         offer = T.uint32(_NO_OFFER)
                         for s_ in T.unroll(slots):
                             s = slots - 1 - s_
-                            offer = T.if_then_else(keys[s] == warp_max, T.uint32(s * WARP) + T.uint32(lane), offer)
-                        winner = T.warp_reduce_min(offer)
+                            # slot base only (an immediate): the lane is added once below
+                            offer = T.if_then_else(keys[s] == warp_max, T.uint32(s * WARP), offer)
+                        winner = T.warp_reduce_min(offer + T.uint32(lane))
                         # Owner of the winner drops it: winner - lane == 32 * slot.
                         delta = T.int32(winner) - lane
                         for s in T.unroll(slots):

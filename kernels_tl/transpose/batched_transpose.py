@@ -3,55 +3,77 @@
 ``x`` [B, M, N] -> ``out`` [B, N, M] (contiguous); ``transpose`` is the same
 kernel on a 2-D ``x`` (B = 1).  Rows of ``x`` may be padded: only
 ``x.stride(-1) == 1`` is required, the row and batch strides are run-time
-values.  A transpose moves bits, so the kernel works on 16-byte chunks and
-32-bit words; the dtype enters only through the element size.  Static
-configurations: ``dtype`` in {bfloat16, float32, float8_e4m3fn}, i.e. 3
-configs cover everything (B, M, N and both strides stay dynamic).
+values (multiples of 4 elements).  A transpose moves bits, so the kernel works
+on 16-byte chunks and 32-bit words; the dtype enters only through the element
+size.  Static configurations: ``dtype`` in {bfloat16, float32, float8_e4m3fn},
+i.e. 3 configs cover everything (B, M, N and both strides stay dynamic).
 
 Design
 ------
-One block per 64 x 64-element tile (grid: N/64, M/64, B).  64 divides every
-legal M and N, so one tile shape serves all of them (no mod-128 variants).
-Every thread moves 4 chunks (64 bytes) in and 64 bytes out, so the block has
-TILE * TILE * elem_bytes / 64 threads: fp32 256, bf16 128, fp8 64.
+One block per 128 x 128-element tile (grid: ceil(N/128), ceil(M/128), B).  M
+and N are only multiples of 64, so an edge tile may hold just its first 64
+rows and/or columns: two block-uniform flags (``m_full``, ``n_full``) predicate
+those accesses, and full tiles take a branch without any predicate.  Every
+thread moves 8 chunks (128 bytes) in and 128 bytes out, so the block has
+TILE * TILE * elem_bytes / 128 threads: fp32 512, bf16 256, fp8 128.
 
 1. global -> shared: consecutive threads take consecutive 16-byte chunks of
-   the tile, row-major (one 128-byte line per 8 threads; a 64-byte fp8 row per
-   4).  A thread's 4 loads are all issued before its first shared store.
+   the tile, row-major (a 128-byte line per 8 threads; a tile row is 2 (bf16),
+   4 (fp32) or 1 (fp8) lines).  A thread's 8 loads are all issued before its
+   first shared store (checked in the SASS for sm_90a and sm_100a).
 2. shared -> registers -> global: after one barrier each thread owns *units*
    of ``P`` output rows x one 16-byte output chunk, ``P`` = elements per
    32-bit word.  A unit reads one word column of the tile across ``V`` = 16 /
    elem_bytes consecutive rows (``V`` x LDS.32), transposes that V x P element
    block in registers with byte permutes (fp32: none, bf16: 8 PRMT, fp8: 32
    PRMT) and stores ``P`` chunks.  The 32 lanes of a warp write 8 consecutive
-   chunks (128 bytes) of 4 output rows (fp32, bf16) or 4 chunks (a whole
-   64-byte tile row) of 8 output rows (fp8).
+   chunks (128 bytes) of 4 output rows; two (bf16) or four (fp32) warps
+   complete a 256- or 512-byte output row segment, fp8 one 128-byte segment.
 
 Bank conflicts: the tile is kept as 16-byte chunks, and a chunk's slot inside
-its 128-byte line (8 slots x 4 banks) is XORed with ``(row // V) * K % 8``.
-A phase-2 LDS.32 reads 4 words (one chunk) from each of 8 (row group, chunk)
-pairs; the XOR puts the 8 pairs into 8 different slots, so the 32 lanes hit 32
-banks (K = 2 for fp8, where an instruction covers 4 row groups x 2 chunks).
-A quarter-warp of phase-1 STS.128 writes one whole line, which the XOR only
-permutes: also conflict-free.
+its 128-byte line (8 slots x 4 banks) is XORed with ``(row // V) % 8``.  A
+phase-2 LDS.32 reads 4 words (one chunk) from each of 8 consecutive row groups
+(rows ``V * mc + v``, mc = 8 consecutive values); the XOR puts the 8 into 8
+different slots, so the 32 lanes hit 32 banks.  A quarter-warp of phase-1
+STS.128 writes one whole line, which the XOR only permutes: also conflict-free.
 
-Alignment: 16-byte accesses need ``x``'s data pointer, row stride and batch
-stride to be multiples of 16 bytes (the op checks; upstream asks only for a
-row stride that is a multiple of 4 elements).  ``out`` is freshly allocated,
-or a caller's ``out=`` tensor that must be 16-byte aligned as well.
+Alignment: the 16-byte path needs ``x``'s data pointer, row stride and batch
+stride to be multiples of 16 bytes; the stub tests that and passes ``wide``.
+Otherwise (strides and pointer only multiples of 4 elements, as upstream
+allows) phase 1 loads each chunk as 4-element pieces (bf16: 2 x 8 bytes, fp8:
+4 x 4 bytes) into the same shared layout; fp32 pieces are whole chunks, so
+fp32 has no narrow path (and no ``wide`` parameter).  The branch is
+block-uniform, so the 16-byte path costs nothing extra.  ``out`` is freshly
+allocated (16-byte aligned).
 
-Expected cost at 8192 x 4096 bf16: 64 MiB read + 64 MiB written; per thread
-4 x LDG.128, 4 x STS.128, 16 x LDS.32, 16 x PRMT, 4 x STG.128 and 40
-registers (12 blocks, 96 KiB of loads in flight per SM).  At 4.0 TB/s that is
-33.6 us.
+Tuning (H200, 8192 x 4096 bf16, was 39.8 us = 3.37 TB/s with 64 x 64 tiles,
+128 threads, 4 chunks per thread).  Changed to 128 x 128 tiles and 8 chunks
+per thread:
+
+* each block now reads and writes 256-byte row segments (was 128): half as
+  many DRAM row/page touches per byte, and writes of whole 256-byte pieces of
+  an output row from consecutive warps of one block;
+* a thread keeps 128 bytes of loads in flight (was 64), with all 8 LDG.128
+  ahead of the first STS on both archs;
+* a quarter as many blocks (2048 at this shape, ~3.9 waves of 528 resident
+  blocks, instead of 8192 block launches + barriers), each amortising its
+  index math over twice the bytes.
+
+Per thread (bf16): 8 x LDG.128, 8 x STS.128, 32 x LDS.32, 32 x PRMT, 8 x
+STG.128; ptxas: bf16 48 registers (sm_90a and sm_100a), fp32 46 / 47, fp8
+55 / 56, no spills.  bf16: 5 blocks (1280 threads, 160 KiB of shared memory
+and of loads in flight) per SM.  Predicted: ~34 us at 8192 x 4096 bf16
+(~3.9-4.0 TB/s, close to the device copy), i.e. about upstream's 35.0 us or
+slightly better.
 """
 
 from tilelang import language as T
 
 from kernels_tl.spec import KernelSpec, OpSpec, Out, Param, Tensor
 
-TILE = 64  # elements per tile side; M and N are multiples of 64
-CHUNKS_PER_THREAD = 4  # 16-byte chunks each thread loads (and stores)
+TILE = 128  # elements per block tile side
+SUB = 64  # M and N are multiples of 64: an edge tile may be cut to 64 in either dim
+CHUNKS_PER_THREAD = 8  # 16-byte chunks each thread loads (and stores): 128 bytes in flight
 ELEM_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
 DTYPES = tuple(ELEM_BYTES)
 
@@ -65,13 +87,18 @@ def batched_transpose_kernel(dtype: str):
     eb = ELEM_BYTES[dtype]
     P = 4 // eb  # elements per 32-bit word
     V = 16 // eb  # elements per 16-byte chunk (= words one unit reads)
-    C = TILE // V  # chunks per tile row: fp32 16, bf16 8, fp8 4
-    K = 2 if C < 8 else 1  # swizzle multiplier (see the module docstring)
-    threads = TILE * C // CHUNKS_PER_THREAD
-    # Phase 2: a unit is (word column nw, output chunk mc).  A warp covers MCW
-    # consecutive output chunks of 32 // MCW consecutive word columns.
-    MCW = min(8, C)
-    units_per_thread = (TILE // P) * C // threads
+    C = TILE // V  # chunks per tile row (and per output tile row): fp32 32, bf16 16, fp8 8
+    threads = TILE * C // CHUNKS_PER_THREAD  # fp32 512, bf16 256, fp8 128
+    rows_per_pass = threads // C  # tile rows one phase-1 pass covers: 16
+    # Narrow path (row or batch stride, or the pointer, not 16-byte aligned):
+    # each chunk is loaded as NP pieces of 4 elements.  fp32 pieces are chunks.
+    NP = V // 4
+    piece = {1: "uint32x4", 2: "uint32x2", 4: "uint32"}[NP]
+    # Phase 2: a unit is (word column nw, output chunk mc).  A warp covers 8
+    # consecutive output chunks of 4 consecutive word columns (one smem chunk).
+    MCW = 8
+    units_per_thread = (TILE // P) * C // threads  # fp32 8, bf16 4, fp8 2
+    assert rows_per_pass * CHUNKS_PER_THREAD == TILE and SUB % rows_per_pass == 0 and C % MCW == 0
 
     num_batches = T.dynamic("num_batches")
     rows = T.dynamic("rows")  # M
@@ -82,32 +109,70 @@ def batched_transpose_kernel(dtype: str):
     def smem_chunk(r, c):
         """Swizzled place of chunk ``c`` of tile row ``r``."""
         q = r * C + c
-        return q // 8 * 8 + ((q % 8) ^ (r // V * K % 8))
+        return q // 8 * 8 + ((q % 8) ^ (r // V % 8))
 
     @T.prim_func
     def batched_transpose(
         x: T.StridedTensor[(num_batches, rows, cols), (batch_stride, row_stride, 1), dtype],
         out: T.Tensor[(num_batches, cols, rows), dtype],
+        wide: T.int32,
     ):
-        with T.Kernel(cols // TILE, rows // TILE, num_batches, threads=threads) as (pid_n, pid_m, pid_b):
-            # 16-byte chunk views (the op checks the alignment): every global
-            # access below is a single 128-bit load or store.  Row lengths are
-            # written as whole tiles so that no bounds check is generated.
+        with T.Kernel(T.ceildiv(cols, TILE), T.ceildiv(rows, TILE), num_batches, threads=threads) as (
+            pid_n,
+            pid_m,
+            pid_b,
+        ):
+            # Chunk / piece views: every global access below is a single 16-byte
+            # (narrow path: 4-element) load or store.  Row lengths are written
+            # as whole 64-element sub-tiles, which they are.
             x_chunks = T.StridedTensor(
-                (num_batches, rows, cols // TILE * C), (batch_stride // V, row_stride // V, 1), "uint32x4", data=x.data
+                (num_batches, rows, cols // SUB * (SUB // V)),
+                (batch_stride // V, row_stride // V, 1),
+                "uint32x4",
+                data=x.data,
             )
-            out_chunks = T.Tensor((num_batches, cols, rows // TILE * C), "uint32x4", out.data)
+            x_pieces = T.StridedTensor(
+                (num_batches, rows, cols // SUB * (SUB // 4)),
+                (batch_stride // 4, row_stride // 4, 1),
+                piece,
+                data=x.data,
+            )
+            out_chunks = T.Tensor((num_batches, cols, rows // SUB * (SUB // V)), "uint32x4", out.data)
             tile = T.alloc_shared((TILE * C,), "uint32x4")
+            tile_pieces = T.view(tile, (TILE * C * NP,), piece)
             tile_words = T.view(tile, (TILE * C * 4,), T.uint32)
             column = T.alloc_local((V,), T.uint32)  # one word column, V tile rows
             packed = T.alloc_local((4 * P,), T.uint32)  # P output chunks
             tid = T.get_thread_binding()
+            # An edge tile may hold only the first 64 rows and/or columns
+            # (block-uniform flags).
+            m_full = pid_m * TILE + TILE <= rows
+            n_full = pid_n * TILE + TILE <= cols
 
-            # 1. global -> shared
-            for i in T.unroll(CHUNKS_PER_THREAD):
-                r = (i * threads + tid) // C
-                c = (i * threads + tid) % C
-                tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TILE + r, pid_n * C + c]
+            # 1. global -> shared.  Consecutive threads take consecutive chunks
+            # of a tile row (C = 8..32 chunks: whole 128-byte lines); pass i
+            # covers rows 16 i .. 16 i + 15, so passes 0-3 are the first 64 rows.
+            # Full tiles take a branch without predicates so that every
+            # compiler keeps all 8 loads in flight before the first store.
+            c = tid % C
+            col_ok = c < C // 2 or n_full
+            if (wide != 0 or NP == 1) and m_full and n_full:
+                for i in T.unroll(CHUNKS_PER_THREAD):
+                    r = i * rows_per_pass + tid // C
+                    tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TILE + r, pid_n * C + c]
+            elif wide != 0 or NP == 1:
+                for i in T.unroll(CHUNKS_PER_THREAD):
+                    r = i * rows_per_pass + tid // C
+                    if (i * rows_per_pass < SUB or m_full) and col_ok:
+                        tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TILE + r, pid_n * C + c]
+            else:
+                for i in T.unroll(CHUNKS_PER_THREAD):
+                    r = i * rows_per_pass + tid // C
+                    if (i * rows_per_pass < SUB or m_full) and col_ok:
+                        for h in T.unroll(NP):
+                            tile_pieces[smem_chunk(r, c) * NP + h] = x_pieces[
+                                pid_b, pid_m * TILE + r, (pid_n * C + c) * NP + h
+                            ]
             T.sync_threads()
 
             # 2. shared -> registers -> out
@@ -116,30 +181,31 @@ def batched_transpose_kernel(dtype: str):
                 warp = (i * threads + tid) // 32
                 mc = lane % MCW + MCW * (warp % (C // MCW))
                 nw = lane // MCW + (32 // MCW) * (warp // (C // MCW))
-                for v in T.unroll(V):
-                    column[v] = tile_words[smem_chunk(mc * V + v, nw // 4) * 4 + nw % 4]
-                # packed[e * 4 + j] = word j of output row nw * P + e: element e
-                # of each of the words column[j * P], ..., column[j * P + P - 1].
-                if P == 1:
-                    for j in T.unroll(4):
-                        packed[j] = column[j]
-                elif P == 2:
-                    for j in T.unroll(4):
-                        packed[j] = _byte_perm(column[2 * j], column[2 * j + 1], 0x5410)  # low halves
-                        packed[4 + j] = _byte_perm(column[2 * j], column[2 * j + 1], 0x7632)  # high halves
-                else:
-                    for j in T.unroll(4):
-                        # interleave the bytes of rows (0, 1) and of rows (2, 3), then merge the pairs
-                        lo01 = _byte_perm(column[4 * j], column[4 * j + 1], 0x5140)
-                        hi01 = _byte_perm(column[4 * j], column[4 * j + 1], 0x7362)
-                        lo23 = _byte_perm(column[4 * j + 2], column[4 * j + 3], 0x5140)
-                        hi23 = _byte_perm(column[4 * j + 2], column[4 * j + 3], 0x7362)
-                        packed[j] = _byte_perm(lo01, lo23, 0x5410)
-                        packed[4 + j] = _byte_perm(lo01, lo23, 0x7632)
-                        packed[8 + j] = _byte_perm(hi01, hi23, 0x5410)
-                        packed[12 + j] = _byte_perm(hi01, hi23, 0x7632)
-                for e in T.unroll(P):
-                    out_chunks[pid_b, pid_n * TILE + nw * P + e, pid_m * C + mc] = packed[T.Ramp(e * 4, 1, 4)]
+                if (mc < C // 2 or m_full) and (nw * P < SUB or n_full):
+                    for v in T.unroll(V):
+                        column[v] = tile_words[smem_chunk(mc * V + v, nw // 4) * 4 + nw % 4]
+                    # packed[e * 4 + j] = word j of output row nw * P + e: element e
+                    # of each of the words column[j * P], ..., column[j * P + P - 1].
+                    if P == 1:
+                        for j in T.unroll(4):
+                            packed[j] = column[j]
+                    elif P == 2:
+                        for j in T.unroll(4):
+                            packed[j] = _byte_perm(column[2 * j], column[2 * j + 1], 0x5410)  # low halves
+                            packed[4 + j] = _byte_perm(column[2 * j], column[2 * j + 1], 0x7632)  # high halves
+                    else:
+                        for j in T.unroll(4):
+                            # interleave the bytes of rows (0, 1) and of rows (2, 3), then merge the pairs
+                            lo01 = _byte_perm(column[4 * j], column[4 * j + 1], 0x5140)
+                            hi01 = _byte_perm(column[4 * j], column[4 * j + 1], 0x7362)
+                            lo23 = _byte_perm(column[4 * j + 2], column[4 * j + 3], 0x5140)
+                            hi23 = _byte_perm(column[4 * j + 2], column[4 * j + 3], 0x7362)
+                            packed[j] = _byte_perm(lo01, lo23, 0x5410)
+                            packed[4 + j] = _byte_perm(lo01, lo23, 0x7632)
+                            packed[8 + j] = _byte_perm(hi01, hi23, 0x5410)
+                            packed[12 + j] = _byte_perm(hi01, hi23, 0x7632)
+                    for e in T.unroll(P):
+                        out_chunks[pid_b, pid_n * TILE + nw * P + e, pid_m * C + mc] = packed[T.Ramp(e * 4, 1, 4)]
 
     return batched_transpose
 
@@ -149,7 +215,12 @@ KERNEL = KernelSpec(
     factory=batched_transpose_kernel,
     static=("dtype",),
     bytes="2 * num_batches * rows * cols * {'bfloat16': 2, 'float32': 4, 'float8_e4m3fn': 1}[dtype]",
-    pass_configs={"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True},
+    pass_configs={
+        "tl.disable_tma_lower": True,
+        "tl.disable_warp_specialized": True,
+        # the kernel predicates its edge tiles itself (m_full, n_full)
+        "tl.disable_safe_memory_legalize": True,
+    },
 )
 
 # C++ (stub) side.  ``vec`` = elements per 16-byte chunk.  Alignment and
@@ -162,18 +233,27 @@ def _checks(rows_dim: str, cols_dim: str, row_stride: str, batch_stride: str = N
     checks = [
         ("rows % 64 == 0", f"x.shape[{rows_dim}] (M) must be a multiple of 64"),
         ("cols % 64 == 0", f"x.shape[{cols_dim}] (N) must be a multiple of 64"),
-        ("rows / 64 <= 65535", f"x.shape[{rows_dim}] (M) must be at most 64 * 65535"),
-        (f"{_EMPTY} || {row_stride} % vec == 0",
-         f"x.stride({rows_dim}) (the row stride) must be a multiple of 16 bytes"),
-        (f"{_EMPTY} || reinterpret_cast<uintptr_t>(x.data) % 16 == 0", "x must be 16-byte aligned"),
+        ("ceil_div(rows, 128) <= 65535", f"x.shape[{rows_dim}] (M) must be at most 128 * 65535"),
+        (f"{_EMPTY} || {row_stride} % 4 == 0",
+         f"x.stride({rows_dim}) (the row stride) must be a multiple of 4 elements"),
+        (f"{_EMPTY} || reinterpret_cast<uintptr_t>(x.data) % (4 * dtype_bytes(x.dtype)) == 0",
+         "x must be aligned to 4 elements"),
     ]
     if batch_stride is not None:
         checks += [
             ("num_batches <= 65535", "x.shape[0] (B) must be at most 65535"),
-            (f"{_EMPTY} || num_batches == 1 || {batch_stride} % vec == 0",
-             "x.stride(0) (the batch stride) must be a multiple of 16 bytes"),
+            (f"{_EMPTY} || num_batches == 1 || {batch_stride} % 4 == 0",
+             "x.stride(0) (the batch stride) must be a multiple of 4 elements"),
         ]
     return checks
+
+
+def _wide(row_stride: str, batch_stride: str = None):
+    """1 when every row start is 16-byte aligned (16-byte loads), else 0 (4-element loads)."""
+    cond = f"reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && {row_stride} % vec == 0"
+    if batch_stride is not None:
+        cond += f" && (num_batches == 1 || {batch_stride} % vec == 0)"
+    return f"({cond}) ? int64_t(1) : int64_t(0)"
 
 
 OPS = [
@@ -192,19 +272,20 @@ OPS = [
         checks=_checks("1", "2", "x.stride[1]", "x.stride[0]"),
         config={"dtype": "x.dtype"},
         kernel_args={
-            "x_chunks": "x.data",
+            "x_pieces": "x.data",
             "out_chunks": "out.data",
             "num_batches": "num_batches",
             "rows": "rows",
             "cols": "cols",
             "batch_stride": "num_batches > 1 ? x.stride[0] : int64_t(0)",
             "row_stride": "x.stride[1]",
+            "wide": _wide("x.stride[1]", "x.stride[0]"),
         },
         launch_when="num_batches > 0 && rows > 0 && cols > 0",
         doc=(
             "batched_transpose(x) -> [B, N, M]: out[b, j, i] = x[b, i, j].  x: [B, M, N] bfloat16, float32 or "
-            "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides multiples of 16 bytes; "
-            "the result is contiguous."
+            "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides (and the data "
+            "pointer) multiples of 4 elements; the result is contiguous."
         ),
     ),
     OpSpec(
@@ -222,18 +303,20 @@ OPS = [
         checks=_checks("0", "1", "x.stride[0]"),
         config={"dtype": "x.dtype"},
         kernel_args={
-            "x_chunks": "x.data",
+            "x_pieces": "x.data",
             "out_chunks": "out.data",
             "num_batches": "num_batches",
             "rows": "rows",
             "cols": "cols",
             "batch_stride": "int64_t(0)",
             "row_stride": "x.stride[0]",
+            "wide": _wide("x.stride[0]"),
         },
         launch_when="rows > 0 && cols > 0",
         doc=(
             "transpose(x) -> [N, M]: out[j, i] = x[i, j].  x: [M, N] bfloat16, float32 or float8_e4m3fn, M and N "
-            "multiples of 64, x.stride(-1) == 1, row stride a multiple of 16 bytes; the result is contiguous."
+            "multiples of 64, x.stride(-1) == 1, row stride (and the data pointer) multiples of 4 elements; the "
+            "result is contiguous."
         ),
     ),
 ]

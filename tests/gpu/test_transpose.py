@@ -29,7 +29,9 @@ def test_transpose(dtype, m, n, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("b,m,n,pad", [(1, 64, 64, 0), (3, 128, 192, 64), (8, 448, 320, 16), (2, 1024, 7168, 128)])
+# pad 4: rows 4-element aligned only (8 bytes for bf16, 4 for fp8): the kernel's narrow-load path
+@pytest.mark.parametrize("b,m,n,pad", [(1, 64, 64, 0), (3, 128, 192, 64), (8, 448, 320, 16), (8, 448, 320, 4),
+                                       (2, 1024, 7168, 128)])
 def test_batched_strided(dtype, b, m, n, pad, gen):
     base = _random((b, m, n + pad), dtype, gen)
     x = base[:, :, :n]  # rows strided by n + pad
@@ -37,6 +39,13 @@ def test_batched_strided(dtype, b, m, n, pad, gen):
     out = poisoned((b, n, m), x.dtype)
     assert tp.batched_transpose(x, out=out) is out
     assert_bits_equal(out, expected, f"batched {b}x{m}x{n}+{pad} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_offset_start(dtype, gen):
+    base = _random((256, 64 * 5 + 4), dtype, gen)
+    x = base[:, 4:]  # data pointer 4 elements past an aligned allocation
+    assert_bits_equal(tp.transpose(x), ref.transpose(x.cpu()), f"offset start {dtype}")
 
 
 def test_rejects_bad_shapes():
