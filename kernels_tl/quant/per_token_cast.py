@@ -20,16 +20,18 @@ A purely memory-bound kernel: per element 2 (bf16) or 4 (fp32) bytes in and
 except 32 bytes for the cross-warp max of the one-group-per-row variant.
 
 * The unit of data is a 16-byte *piece* (8 bf16 / 4 fp32 values): one
-  ``LDG.128`` per piece.  Every thread owns ``32`` elements (4 or 8 pieces),
-  i.e. 64 or 128 bytes in flight per thread, and no element twice.
+  ``LDG.128`` per piece.  With groups, every thread owns 8 pieces (64 bf16 or
+  32 fp32 values), i.e. 128 bytes in flight per thread, and no element twice;
+  one group per row: 32 elements (4 or 8 pieces).
 * A group is shared by ``TPG`` consecutive lanes (2 for groups of 32 and 64,
   4 for 128) that read its pieces *interleaved*: lane ``r`` takes pieces
   ``r, r + TPG, r + 2 TPG, ...`` of the group.  At every load instruction the
   ``TPG`` lanes of a group thus read ``TPG * 16 >= 32`` contiguous bytes, i.e.
   whole 32-byte sectors, while a thread still needs only ``log2(TPG)``
   shuffles for its group's max.  (Giving each thread one contiguous run would
-  make every load instruction touch half of each sector.)  For groups of 32 a
-  thread covers two consecutive groups (``ROUNDS = 2``).
+  make every load instruction touch half of each sector.)  A thread covers
+  ``ROUNDS`` consecutive groups: bf16 4 / 2 / 2, fp32 2 / 1 / 1 for groups of
+  32 / 64 / 128.
 * A *slot* = the ``TPG`` lanes that share ``ROUNDS`` consecutive groups of
   one row; rows are laid out slot after slot across the flat thread index
   (``lanes_per_row`` threads per row, a runtime argument), so ``hidden`` and
@@ -67,9 +69,36 @@ runtime arguments).
 
 Expected cost at the prefill shape (bf16 -> e4m3, 8192 x 7168, groups of 128):
 117.4 MB read + 58.7 MB + 1.8 MB (fp32 sf) written = 178 MB, 43.4 us at
-4.1 TB/s.  7168 blocks of 256 threads, 4 x LDG.128 + 4 x STG.64 per thread,
-about 250 instructions per thread (~14 us of issue time, hidden under the
-memory time).
+4.1 TB/s.  3584 blocks of 256 threads (112 threads per row, 2 groups each),
+8 x LDG.128 + 8 x STG.64 per thread.
+
+Tuning (issue 2; measured 46.4 us = 3.84 TB/s with 32 bf16 values per thread)
+----------------------------------------------------------------------------
+* Bytes in flight.  Little's law at ~4.2 TB/s and ~1 us of (loaded) latency
+  asks for >= 32 KB of loads in flight per SM *on average*.  Before: 4 blocks
+  x 256 threads x 64 B = 64 KB per SM at the peak, but a one-shot thread has
+  loads in flight only during its first phase (then it converts, stores and
+  exits, and a new block must be launched), so the time average sat near the
+  knee.  Now bf16 threads own 8 pieces like fp32 threads already did:
+  128 KB per SM at the peak, with the same 4 blocks per SM (<= 64 registers,
+  no spills: see below), all 8 loads issued before the first use.
+* Half the blocks (7168 -> 3584, 13.6 -> 6.8 waves of 528 resident blocks):
+  half the block launches and half the per-thread index math (the one
+  division by ``lanes_per_row``) per byte.  The tail cost stays about one
+  unloaded latency (the drain of the last blocks, whose lifetime is
+  queueing-dominated), i.e. ~1 us, not more.
+* bf16 group max on packed pairs (``HMNMX2`` on ``|x|``, exact and NaN-
+  dropping like the fp32 ``fmaxf`` chain, one widening per lane at the end).
+  Widening each element for the max made the compiler keep 64 fp32 copies
+  alive for the scaling: with 64 values per thread that spilled 8-112 bytes;
+  with the packed max the grouped bf16 configs need 56-64 registers and the
+  per-row bf16 configs drop from ~54 to ~37.
+* Index math: no per-element division or modulo (all unrolled constants);
+  one 32-bit division per thread.  Stores stay 8-byte ``STG.64`` (the lanes of
+  a group together write whole 32-byte sectors; 16-byte stores would need a
+  non-interleaved ownership that halves the load sector efficiency).
+Predicted: ~44 us (4.0-4.05 TB/s, the rest of the gap to the copy rate being
+the launch ramp and the drain), from 46.4 us.
 """
 
 from tilelang import language as T
@@ -77,10 +106,13 @@ from tilelang import language as T
 from kernels_tl.spec import Bool, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
 THREADS = 256  # per block
-ELEMS_PER_THREAD = 32
+# Grouped configs: every thread owns 8 16-byte pieces (128 bytes of x: 64 bf16
+# or 32 fp32 values) whatever the dtype.  One group per row: 32 elements.
+PIECES_PER_THREAD = 8
+ELEMS_PER_THREAD_ROW = 32
 # 4 blocks of 256 threads per SM (<= 64 registers, no spills in any config):
-# 1024 threads x 64-128 bytes of loads each in flight per SM.  5 (<= 48
-# registers) costs a few spilled bytes in most configs.
+# 1024 threads x 128 bytes of loads each in flight per SM (grouped configs).
+# 5 (<= 48 registers) would not hold 32 data registers without spills.
 MIN_BLOCKS_PER_SM = 4
 WARP = 32
 
@@ -95,8 +127,8 @@ def _group_layout(group: int, piece: int):
     pieces_per_group = group // piece
     tpg = 4 if group == 128 else 2
     ppt = pieces_per_group // tpg
-    rounds = (ELEMS_PER_THREAD // piece) // ppt
-    assert tpg * ppt == pieces_per_group and rounds * ppt * piece == ELEMS_PER_THREAD
+    rounds = PIECES_PER_THREAD // ppt
+    assert tpg * ppt == pieces_per_group and rounds * ppt == PIECES_PER_THREAD and rounds <= 4
     return tpg, ppt, rounds
 
 
@@ -132,8 +164,8 @@ def _e2m1_nibble(v):
 def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 32, 64, 128)
     piece = 16 // _IN_BYTES[in_dtype]  # elements per 16-byte load
-    npieces = ELEMS_PER_THREAD // piece  # pieces per thread
     per_row = group == 0
+    npieces = ELEMS_PER_THREAD_ROW // piece if per_row else PIECES_PER_THREAD  # pieces per thread
     if per_row:
         tpg, ppt, rounds = None, npieces, 1
     else:
@@ -198,6 +230,9 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
 
             xv = T.alloc_local((npieces, piece), in_dtype)
             amax = T.alloc_local((rounds,), T.float32)
+            if in_dtype == "bfloat16":
+                pmax = T.alloc_local((1,), "bfloat16x2")  # running max of |x| pairs
+                pair = T.alloc_local((2,), in_dtype)
             sf_inv = T.alloc_local((rounds,), T.float32)
             sf_bits = T.alloc_local((rounds,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
             packed = T.alloc_local((out_width,), T.uint8)
@@ -226,9 +261,20 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
 
             # ---- group max: in registers, then across the lanes sharing the group
             for j in T.unroll(rounds):
-                amax[j] = T.float32(0)
-                for i in T.unroll(ppt * piece):
-                    amax[j] = T.max(amax[j], T.abs(T.cast(xv[j * ppt + i // piece, i % piece], T.float32)))
+                if in_dtype == "bfloat16":
+                    # bf16 pairs stay packed: HMNMX2 on |x| (exact, like the fp32 max; both drop
+                    # NaNs), one widening per lane at the end.  Widening every element to fp32
+                    # here let the compiler keep 64 fp32 copies alive for the scaling (spills).
+                    pmax[0] = T.abs2(xv[j * ppt, T.Ramp(0, 1, 2)])
+                    for i in T.unroll(1, ppt * piece // 2):
+                        pmax[0] = T.max2(pmax[0], T.abs2(xv[j * ppt + 2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]))
+                    pair[T.Ramp(0, 1, 2)] = pmax[0]
+                    # max(0, .) first: a lane that saw only NaNs yields 0, as the fp32 loop would
+                    amax[j] = T.max(T.max(T.float32(0), T.cast(pair[0], T.float32)), T.cast(pair[1], T.float32))
+                else:
+                    amax[j] = T.float32(0)
+                    for i in T.unroll(ppt * piece):
+                        amax[j] = T.max(amax[j], T.abs(xv[j * ppt + i // piece, i % piece]))
             if per_row:
                 for s in T.unroll(5):
                     if (1 << s) < lanes_per_row:
@@ -363,7 +409,10 @@ def _dims():
         # threads per row: the slots of a row (packed UE8M0: whole words of 4 groups) x lanes per slot,
         # or, one group per row, the next power of two >= hidden / 32
         "lanes_per_row": (
-            "(group != 0 ? ceil_div(use_packed_ue8m0 ? align_up(num_groups, 4) : num_groups, group == 32 ? 2 : 1)"
+            # groups per slot (ROUNDS) = 8 pieces / (pieces per group / lanes per group):
+            # bf16 4 / 2 / 2, fp32 2 / 1 / 1 for groups of 32 / 64 / 128
+            "(group != 0 ? ceil_div(use_packed_ue8m0 ? align_up(num_groups, 4) : num_groups,"
+            " (group == 128 ? 32 : 16) * piece / group)"
             " * (group == 128 ? 4 : 2)"
             " : [&] { int64_t n = 1; while (n < ceil_div(hidden, 32)) n *= 2; return n; }())"
         ),
