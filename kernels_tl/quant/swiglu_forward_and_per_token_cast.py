@@ -45,8 +45,17 @@ groups are exactly one int32 word of a row, OR-gathered with two ``shfl.xor``
 and written by lane 0 (groups past ``hidden / 128`` give zero bytes).
 
 The element math is two elements at a time: both ``1 + expf(-l)`` first, then
-both IEEE divides; nvcc's ``div.rn`` fast path has a per-element slow-path
-branch, and this order keeps expf's constants live and overlaps its latency.
+both divides, which overlaps expf's latency and keeps its constants live.
+
+The divide (``fast_quotient``) is nvcc's ``div.rn.f32`` fast path -- approximate
+reciprocal, one Newton step, quotient, exact remainder, correction -- without its
+range check (FCHK) and slow-path branch: 6 instructions instead of 10 per element.
+It is exact whenever no intermediate leaves the normal range, which holds for
+d = 1 + expf(-l) whenever |l| < 64 (see ``fast_quotient``).  Each lane checks its
+16 raw ``l`` first (bf16: max of the magnitude bits, two channels per
+``__vmaxu2``; fp32: fmaxf of |l|) and runs either the fast-divide copy of the loop
+or the IEEE-divide copy (a lane-divergent branch, taken by real activations
+almost never); the raw inputs need not stay live for a redo.
 
 One group per row (``max_row_hidden > 0``, ``num_per_channels == hidden``,
 row-major fp32 sf only, as upstream): one 256-thread block per row, 16 bytes of
@@ -57,13 +66,23 @@ gives the row's scale.  The stub picks ``max_row_hidden = align_up(hidden,
 8192)``; the default table has 8192 (hidden <= 8192).
 
 Cost at 8192 x 2 * 2048 bf16, groups of 128, no options: 64 MiB read + 16 MiB +
-0.5 MiB written = 84.4 MB, ~20.3 us at 4.15 TB/s.  The math (expf ~9, the divide
-~10 with its check, 5 more FP ops, the cast) is ~33 SASS instructions per
-element including the per-lane overhead (538 per 16-element lane on sm_90a):
-~17.6 M warp instructions, ~17 us of issue time on 132 SMs at 1.98 GHz, so the
-kernel is memory-bound only with good overlap: 47 registers (launch bounds
-cap 48) give 5 blocks = 40 warps per SM, each lane with 64 bytes of loads in
-flight (80 KiB per SM).
+0.5 MiB written = 84.4 MB, ~20.3 us at 4.15 TB/s.  Measured 26.7 us with the IEEE
+divide (~538 SASS instructions per 16-element lane: ~17.6 M warp instructions,
+~17 us of issue on 132 SMs x 4 schedulers at 1.98 GHz, so issue- and
+latency-bound).  Tuning (issue 2):
+
+* the branch-free divide saves FCHK + BRA + BSSY + BSYNC per element (the
+  no-option fast loop is 291 SASS instructions for 16 elements on sm_100a,
+  ~18 per element), the range check costs ~6 per lane: ~60 fewer instructions
+  per lane (~11%), ~15 us of issue;
+* bf16 on sm_90a: launch bounds for 6 blocks (40 registers, no spills) instead
+  of 5 (48): 48 warps and up to 96 KB of loads in flight per SM instead of 40 /
+  80 KB, more warps to hide the load latency behind the math.  sm_100a's code
+  spills at 40 registers, so it keeps 5 blocks (the factory reads the arch from
+  ``tvm.target.Target.current()``).
+
+Predicted: ~22-23 us on the H200 (issue ~15 us now overlaps the ~20 us of memory
+time better with 20% more warps).
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
 ``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}:
@@ -84,14 +103,18 @@ LANES_PER_GROUP = GROUP // LANE_CHANNELS  # 8
 GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
 ROWS_PER_BLOCK = 8  # one row per warp, 256 threads
 MAX_GRID_Y = 65535
-# Group mode: cap registers so that 5 blocks (40 warps, 80 KB of loads in flight) fit
-# an SM with bf16 input (48 registers: no spills on sm_90a nor sm_100a); fp32 input
-# holds twice the raw data (64 registers).
-MIN_BLOCKS_PER_SM = {"bfloat16": 5, "float32": 4}
+# Group mode: cap registers for occupancy.  bf16 input: 40 registers (6 blocks = 48 warps
+# per SM, 96 KB of loads in flight) fit sm_90a's code without spills, sm_100a's spills a
+# little there, so it keeps 48 (5 blocks); fp32 input holds twice the raw data (64).
+MIN_BLOCKS_PER_SM = {"bfloat16": {"sm_90a": 6}, "float32": {}}
+MIN_BLOCKS_PER_SM_DEFAULT = {"bfloat16": 5, "float32": 4}
 ROW_THREADS = 256  # per-row mode: one row per block
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
+# |l| below which the branch-free divide is exact (see fast_quotient)
+FAST_DIV_LIMIT = 64.0
+FAST_DIV_LIMIT_BF16 = 0x4280  # bf16 bits of 64.0
 
 
 def _as_float(words, i, half, packed):
@@ -123,57 +146,121 @@ def _denominator(xl, xr, v, k, i, half, packed, mode, swiglu_clamp_value, counts
 
 
 @T.macro
-def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_value):
-    """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half."""
+def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_value, tmp, fast):
+    """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half.
+
+    ``fast``: the divide without nvcc's range check and slow-path branch (see
+    ``fast_quotient``; the caller has checked that the lane's |l| are in range).
+    """
     l = _as_float(xl, i, half, packed)
     r = _as_float(xr, i, half, packed)
     if mode != CLAMP_NONE:
         l = T.Select(l > swiglu_clamp_value, swiglu_clamp_value, l)
         r = T.Select(r < -swiglu_clamp_value, -swiglu_clamp_value, r)
         r = T.Select(r > swiglu_clamp_value, swiglu_clamp_value, r)
-    if weighted:
-        v[k] = T.ieee_fdiv(l, v[k]) * r * w
+    if fast:
+        fast_quotient(l, v[k], tmp)
+        q = tmp[0]
     else:
-        v[k] = T.ieee_fdiv(l, v[k]) * r
+        q = T.ieee_fdiv(l, v[k])
+    if weighted:
+        v[k] = q * r * w
+    else:
+        v[k] = q * r
+
+
+def _fma(a, b, c):
+    return T.call_extern(T.float32, "__fmaf_rn", a, b, c)
 
 
 @T.macro
-def swiglu_values(xl, xr, v, base, num_pairs, packed, w, weighted, mode, swiglu_clamp_value, counts):
+def fast_quotient(l, d, tmp):
+    """tmp[0] = l / d, correctly rounded, for d = 1 + expf(-l) and |l| < FAST_DIV_LIMIT.
+
+    The operations of nvcc's ``div.rn.f32`` fast path (approximate reciprocal, one
+    Newton step, quotient, exact remainder, correction) without its range check
+    (FCHK) and its slow-path branch: 6 instructions instead of 10.  That path is
+    exact whenever no intermediate leaves the normal range (it depends on the
+    mantissas only), and with |l| < 64: d is in [1, 2^93) (1/d normal), q = l / d
+    is normal unless l is so small that d == 2 exactly (then the Newton step gives
+    r1 = 0.5 exactly and every step is exact, subnormal l included).  The
+    remainder is formed as d * q0 - l and added times -r1 (never zero), so that
+    l = -0 gives -0 like the IEEE divide.
+    """
+    tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # MUFU.RCP
+    tmp[2] = _fma(-d, tmp[1], T.float32(1.0))  # e = 1 - d * r0
+    tmp[1] = _fma(tmp[1], tmp[2], tmp[1])  # r1 = r0 + r0 * e
+    tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
+    tmp[3] = _fma(d, tmp[2], -l)  # d * q0 - l (exact)
+    tmp[0] = _fma(tmp[3], -tmp[1], tmp[2])
+
+
+@T.macro
+def swiglu_values(xl, xr, v, base, num_pairs, packed, w, weighted, mode, swiglu_clamp_value, counts, tmp, fast):
     """v[base + k] = ((l / (1 + expf(-l))) * r) [* w] for 2 * num_pairs elements.
 
-    ``weighted`` and ``mode`` are Python-static (one copy of the loop per variant).
-    Clamps are selects, not fminf, so that NaN propagates like ``torch.clamp``
-    (lower bound first, as ``clamp(min=-c, max=c)``); the counters see the
-    unclamped values.  Two elements at a time: both ``1 + expf`` first, then both
-    divides (``v`` holds the denominators in between), which lets nvcc overlap
-    the exponentials with the divides' slow-path checks and keeps expf's
-    constants in registers.
+    ``weighted``, ``mode`` and ``fast`` are Python-static (one copy of the loop per
+    variant).  Clamps are selects, not fminf, so that NaN propagates like
+    ``torch.clamp`` (lower bound first, as ``clamp(min=-c, max=c)``); the counters
+    see the unclamped values.  Two elements at a time: both ``1 + expf`` first,
+    then both divides (``v`` holds the denominators in between), which overlaps
+    the exponentials' latency and keeps expf's constants in registers.
     """
     for p in T.unroll(num_pairs):
         i = base // 2 + p
         _denominator(xl, xr, v, base + 2 * p, i, 0, packed, mode, swiglu_clamp_value, counts)
         _denominator(xl, xr, v, base + 2 * p + 1, i, 1, packed, mode, swiglu_clamp_value, counts)
-        _product(xl, xr, v, base + 2 * p, i, 0, packed, w, weighted, mode, swiglu_clamp_value)
-        _product(xl, xr, v, base + 2 * p + 1, i, 1, packed, w, weighted, mode, swiglu_clamp_value)
+        _product(xl, xr, v, base + 2 * p, i, 0, packed, w, weighted, mode, swiglu_clamp_value, tmp, fast)
+        _product(xl, xr, v, base + 2 * p + 1, i, 1, packed, w, weighted, mode, swiglu_clamp_value, tmp, fast)
 
 
 @T.macro
-def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value, counts):
+def _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, c, counts, tmp, fast):
     """Dispatch on the runtime flags (uniform branches) to the six loop variants."""
     if has_weights != 0:
         if clamp_mode == CLAMP_NONE:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_NONE, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_NONE, c, counts, tmp, fast)
         elif clamp_mode == CLAMP:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP, c, counts, tmp, fast)
         else:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_AND_COUNT, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, True, CLAMP_AND_COUNT, c, counts, tmp, fast)
     else:
         if clamp_mode == CLAMP_NONE:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_NONE, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_NONE, c, counts, tmp, fast)
         elif clamp_mode == CLAMP:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP, c, counts, tmp, fast)
         else:
-            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_AND_COUNT, swiglu_clamp_value, counts)
+            swiglu_values(xl, xr, v, base, num_pairs, packed, w, False, CLAMP_AND_COUNT, c, counts, tmp, fast)
+
+
+@T.macro
+def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value, counts,
+                      tmp, rng):
+    """The lane's range check, then the fast-divide or the IEEE-divide variants.
+
+    The divide is exact without its range check when every |l| of the lane is
+    below FAST_DIV_LIMIT (checked on the raw inputs before the math, so that they
+    need not stay live for a redo; real activations are far below).  bf16: max of
+    the magnitude bits, two channels per ``__vmaxu2`` (VIMNMX.U16x2); fp32: fmaxf
+    of |l| (a NaN is skipped and gives NaN through either divide).  A clamp can
+    only lower l: it leaves the range only if c <= -FAST_DIV_LIMIT.
+    """
+    if packed:
+        rng[0] = T.uint32(0)
+        for p in T.unroll(num_pairs):
+            rng[0] = T.call_extern(T.uint32, "__vmaxu2", rng[0], xl[base // 2 + p] & T.uint32(0x7FFF7FFF))
+        in_range = T.max(rng[0] >> T.uint32(16), rng[0] & T.uint32(0xFFFF)) < T.uint32(FAST_DIV_LIMIT_BF16)
+    else:
+        rng[0] = T.float32(0.0)
+        for p in T.unroll(2 * num_pairs):
+            rng[0] = T.max(rng[0], T.abs(xl[base + p]))
+        in_range = rng[0] < T.float32(FAST_DIV_LIMIT)
+    if in_range and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
+        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                         counts, tmp, True)
+    else:
+        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                         counts, tmp, False)
 
 
 def scale_factor(amax, sf_clamp_min, round_sf):
@@ -275,8 +362,19 @@ def _input_words(x, in_dtype, num_tokens, hidden):
     return x, T.float32, 1
 
 
+def _target_arch() -> str:
+    """The arch being lowered for ("" outside a CUDA target; aot/lower.py sets one)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda":
+        return ""
+    return str(target.attrs.get("arch", ""))
+
+
 def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
     threads = ROWS_PER_BLOCK * WARP
+    min_blocks = MIN_BLOCKS_PER_SM[in_dtype].get(_target_arch(), MIN_BLOCKS_PER_SM_DEFAULT[in_dtype])
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
     num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
@@ -287,7 +385,7 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
     def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
         with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), grid_y, threads=threads) as (bx, by):
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[in_dtype])
+            T.annotate_min_blocks_per_sm(min_blocks)
             tid = T.get_thread_binding()
             lane = tid % WARP
             chunk = bx * WARP + lane  # this lane's channels: [16 * chunk, 16 * chunk + 16)
@@ -301,6 +399,8 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             v = T.alloc_local((V,), T.float32)
             q = T.alloc_local((V,), T.float8_e4m3fn)
             counts = T.alloc_local((3,), T.int32)
+            tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
+            rng = T.alloc_local((1,), word_dtype)  # the lane's max |l| (fast-divide range check)
             count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
             row = T.alloc_var(T.int32)
             in_range = T.alloc_var(T.bool)
@@ -331,7 +431,7 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
                     for i in T.vectorized(W):
                         xr[i] = x[row, hidden // per_word + chunk * W + i]
                     swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
-                                      swiglu_clamp_value, counts)
+                                      swiglu_clamp_value, counts, tmp, rng)
                 else:
                     for i in T.vectorized(V):
                         v[i] = T.float32(0.0)
@@ -398,6 +498,8 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
             v = T.alloc_local((steps * C,), T.float32)
             q = T.alloc_local((C,), T.float8_e4m3fn)
             counts = T.alloc_local((3,), T.int32)
+            tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
+            rng = T.alloc_local((1,), word_dtype)  # the lane's max |l| (fast-divide range check)
             amax_smem = T.alloc_shared((num_warps,), T.float32)
             count_smem = T.alloc_shared((num_warps * 3,), T.int32)
             keep = T.alloc_var(T.bool)
@@ -428,7 +530,7 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
             for s in T.unroll(steps):
                 if keep and s * threads + tid < row_chunks:
                     swiglu_values_any(xl, xr, v, s * C, C // 2, per_word == 2, w, has_weights, clamp_mode,
-                                      swiglu_clamp_value, counts)
+                                      swiglu_clamp_value, counts, tmp, rng)
                 else:
                     for i in T.vectorized(C):
                         v[s * C + i] = T.float32(0.0)

@@ -59,3 +59,22 @@ def test_matches_reference(config, options, round_sf, gen):
             assert_bits_equal(out_sf, expected_sf, what + " sf")
             if counts:
                 assert torch.equal(counts["ours"], counts["ref"]), f"{what}: counts {counts}"
+
+
+@pytest.mark.parametrize("sf_clamp_min", [None, 1e-30])
+def test_every_bf16_gate_value(sf_clamp_min, gen):
+    """All 65536 bf16 bit patterns as the SiLU input (non-finite ones replaced by 0): the
+    kernel's divide must round exactly like the reference's on every one of them."""
+    if not any(c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0 for c in CONFIGS):
+        pytest.skip("no bf16 grouped config prebuilt")
+    sf_format = next(c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0)
+    col, packed = FORMS[sf_format]
+    left = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    left = torch.where(torch.isfinite(left), left, torch.zeros_like(left)).view(64, 1024)
+    right = (torch.randn(64, 1024, generator=gen, device="cuda")).to(torch.bfloat16)
+    x = torch.cat([left, right], dim=1).contiguous()
+    kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed, sf_clamp_min=sf_clamp_min)
+    expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
+    got, got_sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
+    assert_bits_equal(got, expected, f"all bf16 gate values, sf_clamp_min={sf_clamp_min}")
+    assert_bits_equal(got_sf, expected_sf, "sf")
