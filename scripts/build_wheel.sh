@@ -22,8 +22,13 @@ python -m aot build --out "$bundle" --table "$table" --jobs "$jobs"
 # A small venv of the target CPython with the extension's build requirements.
 venv=build/venv-wheel-$pyver
 if [[ ! -x $venv/bin/python ]]; then
-  py=$(command -v "python$pyver" || ls -d "$HOME"/.pyenv/versions/"$pyver"*/bin/python 2>/dev/null | head -1)
-  [[ -n $py ]] || { echo "no python$pyver found" >&2; exit 1; }
+  py=""
+  for candidate in "$HOME"/.pyenv/versions/"$pyver"*/bin/python "$(command -v "python$pyver" || true)"; do
+    if [[ -x $candidate ]] && "$candidate" -c "import sys; assert sys.version.startswith('$pyver')" 2>/dev/null; then
+      py=$candidate; break
+    fi
+  done
+  [[ -n $py ]] || { echo "no working python$pyver found" >&2; exit 1; }
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja
 fi

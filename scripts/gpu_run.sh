@@ -18,7 +18,7 @@ python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.
 cd /tmp  # import the installed package, not the checkout
 status=0
 if [[ ${TKA_SKIP_TESTS:-0} != 1 ]]; then
-  CUDA_DISABLE_PTX_JIT=1 python3 -m pytest -q -p no:cacheprovider -x --rootdir "$repo" "$repo/tests/gpu" ${TKA_PYTEST_ARGS:-} 2>&1 \
+  CUDA_DISABLE_PTX_JIT=1 python3 -m pytest -q -p no:cacheprovider --maxfail=40 --rootdir "$repo" "$repo/tests/gpu" ${TKA_PYTEST_ARGS:-} 2>&1 \
     | tee "$OUT/gpu-tests.log" | tail -25
   status=${PIPESTATUS[0]}
 fi

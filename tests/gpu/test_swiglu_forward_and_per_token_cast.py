@@ -63,14 +63,16 @@ def test_matches_reference(config, options, round_sf, gen):
 
 @pytest.mark.parametrize("sf_clamp_min", [None, 1e-30])
 def test_every_bf16_gate_value(sf_clamp_min, gen):
-    """All 65536 bf16 bit patterns as the SiLU input (non-finite ones replaced by 0): the
-    kernel's divide must round exactly like the reference's on every one of them."""
+    """Every bf16 bit pattern as the SiLU input: the kernel's divide must round exactly like
+    the reference's on each.  Non-finite values and |l| >= 2^100 (whose product with the
+    right half could overflow to inf, outside the op's contract) are replaced by 0."""
     if not any(c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0 for c in CONFIGS):
         pytest.skip("no bf16 grouped config prebuilt")
     sf_format = next(c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0)
     col, packed = FORMS[sf_format]
     left = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
-    left = torch.where(torch.isfinite(left), left, torch.zeros_like(left)).view(64, 1024)
+    keep = torch.isfinite(left) & (left.float().abs() < 2.0**100)
+    left = torch.where(keep, left, torch.zeros_like(left)).view(64, 1024)
     right = (torch.randn(64, 1024, generator=gen, device="cuda")).to(torch.bfloat16)
     x = torch.cat([left, right], dim=1).contiguous()
     kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed, sf_clamp_min=sf_clamp_min)
