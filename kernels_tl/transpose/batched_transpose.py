@@ -65,6 +65,36 @@ STG.128; ptxas: bf16 48 registers (sm_90a and sm_100a), fp32 46 / 47, fp8
 and of loads in flight) per SM.  Predicted: ~34 us at 8192 x 4096 bf16
 (~3.9-4.0 TB/s, close to the device copy), i.e. about upstream's 35.0 us or
 slightly better.
+
+Round 2 (measured round 1: 38.7 us = 3.47 TB/s; copy 4.21 TB/s).  Hypothesis
+fitted to all three transpose points at this shape, which differ in tile
+size and in tile bytes resident per SM:
+
+* round 0: 64-tiles (128-byte row pieces), 12 blocks x 8 KiB = 96 KiB/SM, 39.8 us;
+* round 1: 128-tiles (256-byte pieces), 5 blocks x 32 KiB = 160 KiB/SM, 38.7 us;
+* upstream: 128-tiles, 256 threads, but 70 registers, so 3 blocks x 32 KiB =
+  96 KiB/SM, same grid order, 35.0 us.
+
+The two effects separate: at a fixed 96 KiB/SM the bigger tile is worth
+-4.8 us (longer pieces of each 16 KiB-strided output row per DRAM page
+opened), and at a fixed tile going from 96 to 160 KiB/SM costs +3.7 us.
+Little's law needs only ~32 KiB/SM (4.2 TB/s x ~1 us / 132); 160 KiB/SM is 21
+MB of reads queued GPU-wide, so the extra requests add no bandwidth, only
+queueing: more distinct DRAM pages (20 block rows of reads, thousands of
+256-byte output pieces) are interleaved at the memory controllers and the row
+hit rate drops, and the late, bursty write-back of each block's stores waits
+behind that read backlog.  (Round 1's other change, 8 instead of 4 loads per
+thread, cannot be separated; per_token_cast's doubling of bytes in flight
+also gained nothing, consistent with in-flight bytes not being the limit.)
+
+Change: only occupancy.  The shared buffer is padded (never touched) so that
+bf16 runs 3 blocks per SM (57 KiB each: 3 x 58 <= 228 < 4 x 58) and fp8 6
+(33 KiB), i.e. 96 KiB of tile loads per SM as in the fastest point above;
+fp32 stays at 2 by registers (128 KiB).  The generated kernel code is
+byte-identical to round 1 (only the dynamic shared-memory size changes), so
+outputs are unchanged.  Prediction: ~35 us at 8192 x 4096 bf16 (upstream's
+point; 3.8 TB/s), possibly slightly better from the 16-byte accesses.  If it
+is not faster than 38.7 us the hypothesis is wrong and round 1 should stay.
 """
 
 from tilelang import language as T
@@ -76,6 +106,20 @@ SUB = 64  # M and N are multiples of 64: an edge tile may be cut to 64 in either
 CHUNKS_PER_THREAD = 8  # 16-byte chunks each thread loads (and stores): 128 bytes in flight
 ELEM_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
 DTYPES = tuple(ELEM_BYTES)
+# Resident blocks per SM wanted: ~96 KiB of tile loads in flight per SM (see
+# the docstring).  bf16 and fp8 would otherwise fit 5 and 9 blocks; fp32
+# (64 KiB tiles, 2 blocks by registers) needs no cap.
+BLOCKS_PER_SM = {"bfloat16": 3, "float32": None, "float8_e4m3fn": 6}
+SMEM_PER_SM = 228 * 1024  # sm_90a and sm_100a; each resident block also reserves 1 KiB
+
+
+def _smem_bytes(tile_bytes: int, blocks_per_sm):
+    """Shared memory a block allocates so that exactly ``blocks_per_sm`` fit on an SM."""
+    if blocks_per_sm is None:
+        return tile_bytes
+    size = -(-SMEM_PER_SM // (blocks_per_sm + 1) // 1024) * 1024  # (k + 1) blocks of size + 1 KiB do not fit
+    assert blocks_per_sm * (size + 1024) <= SMEM_PER_SM < (blocks_per_sm + 1) * (size + 1024)
+    return max(size, tile_bytes)
 
 
 def _byte_perm(a, b, selector: int):
@@ -99,6 +143,9 @@ def batched_transpose_kernel(dtype: str):
     MCW = 8
     units_per_thread = (TILE // P) * C // threads  # fp32 8, bf16 4, fp8 2
     assert rows_per_pass * CHUNKS_PER_THREAD == TILE and SUB % rows_per_pass == 0 and C % MCW == 0
+    # The shared buffer is the tile plus padding that only caps the resident
+    # blocks per SM (the padding is never touched).
+    smem_chunks = _smem_bytes(TILE * TILE * eb, BLOCKS_PER_SM[dtype]) // 16
 
     num_batches = T.dynamic("num_batches")
     rows = T.dynamic("rows")  # M
@@ -138,9 +185,9 @@ def batched_transpose_kernel(dtype: str):
                 data=x.data,
             )
             out_chunks = T.Tensor((num_batches, cols, rows // SUB * (SUB // V)), "uint32x4", out.data)
-            tile = T.alloc_shared((TILE * C,), "uint32x4")
-            tile_pieces = T.view(tile, (TILE * C * NP,), piece)
-            tile_words = T.view(tile, (TILE * C * 4,), T.uint32)
+            tile = T.alloc_shared((smem_chunks,), "uint32x4")
+            tile_pieces = T.view(tile, (smem_chunks * NP,), piece)
+            tile_words = T.view(tile, (smem_chunks * 4,), T.uint32)
             column = T.alloc_local((V,), T.uint32)  # one word column, V tile rows
             packed = T.alloc_local((4 * P,), T.uint32)  # P output chunks
             tid = T.get_thread_binding()
