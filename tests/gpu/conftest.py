@@ -1,9 +1,9 @@
 """GPU tests: kernels against the PyTorch references, and the launch contract.
 
-TileLang (and TVM) are made unimportable for the whole run: the installed
+TileLang (and TVM) are unimportable while each GPU test runs: the installed
 package must need no JIT.  The GPU recipe also runs this suite with
 ``CUDA_DISABLE_PTX_JIT=1``, so a kernel that would need the driver to compile
-PTX fails to load.
+PTX fails to load (and test_contract checks both in a fresh process).
 """
 
 import importlib.abc
@@ -21,7 +21,12 @@ class _NoJit(importlib.abc.MetaPathFinder):
         return None
 
 
-sys.meta_path.insert(0, _NoJit())
+@pytest.fixture(autouse=True)
+def no_jit():
+    finder = _NoJit()
+    sys.meta_path.insert(0, finder)
+    yield
+    sys.meta_path.remove(finder)
 
 
 @pytest.fixture
