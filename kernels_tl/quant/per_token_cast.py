@@ -24,13 +24,13 @@ except 32 bytes for the cross-warp max of the one-group-per-row variant.
   32 fp32 values), i.e. 128 bytes in flight per thread, and no element twice;
   one group per row: 32 elements (4 or 8 pieces).
 * A group is shared by ``TPG`` consecutive lanes (2 for groups of 32 and 64,
-  4 for fp32 groups of 128, 8 for bf16 groups of 128) that read its pieces *interleaved*: lane ``r`` takes pieces
+  4 for 128) that read its pieces *interleaved*: lane ``r`` takes pieces
   ``r, r + TPG, r + 2 TPG, ...`` of the group.  At every load instruction the
   ``TPG`` lanes of a group thus read ``TPG * 16 >= 32`` contiguous bytes, i.e.
   whole 32-byte sectors, while a thread still needs only ``log2(TPG)``
   shuffles for its group's max.  (Giving each thread one contiguous run would
   make every load instruction touch half of each sector.)  A thread covers
-  ``ROUNDS`` consecutive groups: bf16 4 / 2 / 4, fp32 2 / 1 / 1 for groups of
+  ``ROUNDS`` consecutive groups: bf16 4 / 2 / 2, fp32 2 / 1 / 1 for groups of
   32 / 64 / 128.
 * A *slot* = the ``TPG`` lanes that share ``ROUNDS`` consecutive groups of
   one row; rows are laid out slot after slot across the flat thread index
@@ -69,9 +69,8 @@ runtime arguments).
 
 Expected cost at the prefill shape (bf16 -> e4m3, 8192 x 7168, groups of 128):
 117.4 MB read + 58.7 MB + 1.8 MB (fp32 sf) written = 178 MB, 43.4 us at
-4.1 TB/s.  3584 blocks of 256 threads (112 threads per row: 14 slots of 8
-lanes, 4 groups per slot), 8 x LDG.128 + 4 x STG.128 + 1 x STG.32 (lanes 0-3
-of a slot) per thread.
+4.1 TB/s.  3584 blocks of 256 threads (112 threads per row, 2 groups each),
+8 x LDG.128 + 8 x STG.64 per thread.
 
 Tuning (issue 2; measured 46.4 us = 3.84 TB/s with 32 bf16 values per thread)
 ----------------------------------------------------------------------------
@@ -99,43 +98,7 @@ Tuning (issue 2; measured 46.4 us = 3.84 TB/s with 32 bf16 values per thread)
   a group together write whole 32-byte sectors; 16-byte stores would need a
   non-interleaved ownership that halves the load sector efficiency).
 Predicted: ~44 us (4.0-4.05 TB/s, the rest of the gap to the copy rate being
-the launch ramp and the drain), from 46.4 us.  Measured: 46.1 us (3.86 TB/s).
-
-Tuning round 2: request shape, not bytes in flight
---------------------------------------------------
-Hypothesis.  The kernel is not latency-bound: 528 resident blocks x 256
-threads x 64-128 B is 8-17 MB of loads queued against the ~4 MB that Little's
-law asks for, which is why doubling the bytes per thread and halving the blocks
-(round 1) moved nothing (46.4 -> 46.1 us), and why the remaining gap to the copy
-(42.3 us) is not a tail (one block lives ~7 us; the drain is ~1 us either way).
-What rounds 0 and 1 share is the *shape of every memory request*: with 4 lanes
-per group, a warp load instruction touched 8 half lines (64 B each, 512 B
-apart), so every 128-byte line of x reached L2 as two separate 2-sector
-requests from two instructions, and every store instruction wrote 8 single
-32-byte sectors of 8 different lines, so every 128-byte line of out arrived in
-4 pieces from 4 instructions (plus 8 scattered 4-byte sf stores per warp and
-round).  Per 4 KB of x and 2 KB of out a warp sent 64 + 64 L2 requests where a
-copy sends 32 + 16 whole-line ones; the L2 slices then miss and fetch at 64-byte
-granularity and the DRAM sees half-line reads and quarter-line write-backs
-interleaved with other warps' traffic, i.e. fewer row-buffer hits and more
-read/write turnarounds per byte.  A copy at the same byte count (4.21 TB/s) does
-not pay this, and upstream's kernel (44.8 us) sits in between.
-Change (bf16, groups of 128 only; every other config is unchanged):
-* 8 lanes per group (2 pieces each, 4 consecutive groups per slot, still
-  8 x LDG.128 per thread): each load instruction of a slot reads one whole,
-  aligned 128-byte line of x; 3 shuffle levels for the group max.
-* e4m3 output: lane 2m swaps its piece 2m + 8 for lane 2m + 1's piece 2m + 1
-  (2 x SHFL.32 per group), so each lane stores 16 contiguous bytes and a slot's
-  store instruction writes one whole 128-byte line of out: 4 x STG.128 per
-  thread instead of 8 x STG.64 (rows with an odd number of 8-element pieces,
-  which are not 16-byte aligned, keep 8-byte stores, uniform branch).
-* Row-major sf: lanes 0-3 of a slot write its 4 groups' words in one store
-  instruction (16 contiguous bytes per slot) instead of 4 scalar stores of lane 0.
-L2 requests per warp-iteration: 32 loads + 16 stores of whole lines (from 128),
-the copy's shape; the grid (3584 x 256, 112 threads per row) is unchanged.
-64 registers (sm_90a and sm_100a), no spills.
-Prediction: 43.5-44.5 us (4.0-4.1 TB/s).  If it does not move, request shape is
-ruled out too and the remaining suspect is the DRAM's 2:1 read:write mix.
+the launch ramp and the drain), from 46.4 us.
 """
 
 from tilelang import language as T
@@ -162,12 +125,7 @@ def _group_layout(group: int, piece: int):
     """(TPG, PPT, ROUNDS) of a group size: lanes per group, pieces per thread
     per group, groups per thread.  TPG >= 2 keeps every load sector-complete."""
     pieces_per_group = group // piece
-    if group == 128 and piece == 8:
-        # bf16 groups of 128 (two 128-byte lines of x): 8 lanes per group, so that each load
-        # instruction of a slot reads one whole line
-        tpg = 8
-    else:
-        tpg = 4 if group == 128 else 2
+    tpg = 4 if group == 128 else 2
     ppt = pieces_per_group // tpg
     rounds = PIECES_PER_THREAD // ppt
     assert tpg * ppt == pieces_per_group and rounds * ppt == PIECES_PER_THREAD and rounds <= 4
@@ -214,11 +172,6 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
         tpg, ppt, rounds = _group_layout(group, piece)
     pieces_per_group = None if per_row else group // piece
     slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
-    # whole-line layout (bf16, groups of 128): 8 lanes x 16 B = one 128-byte line of x per slot and
-    # load instruction; lane r of a slot writes the fp32 factor of its slot's group r (r < ROUNDS)
-    wide = not per_row and tpg == 8
-    # e4m3 outputs of lane pairs are swapped so that each lane stores 16 bytes (2 adjacent pieces)
-    paired = wide and fmt == "e4m3" and ppt == 2 and piece == 8
 
     max_value = _MAX_VALUE[fmt]
     clamp_min = _CLAMP_MIN[fmt]
@@ -284,12 +237,6 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             sf_bits = T.alloc_local((rounds,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
             packed = T.alloc_local((out_width,), T.uint8)
             word = T.alloc_var(T.uint32)
-            if paired:
-                ob = T.alloc_local((ppt * piece,), out_dtype)  # this lane's two output pieces
-                obw = T.view(ob, (ppt * piece // 4,), T.uint32)
-                st = T.alloc_local((2 * piece,), out_dtype)  # the 16 bytes this lane stores
-                stw = T.view(st, (2 * piece // 4,), T.uint32)
-                recv = T.alloc_local((2,), T.uint32)
             if per_row:
                 warp_max = T.alloc_shared((THREADS // WARP,), T.float32, scope="shared")
 
@@ -382,50 +329,13 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                             word = word | T.shfl_down(part, m * tpg)
                     if row_ok and lane == 0 and slot % slots_per_word == 0 and group_of(slot, 0) < num_groups:
                         sf[row * sf_row_stride + (group_of(slot, 0) // 4) * sf_col_stride] = word
-                elif wide:
-                    # lanes 0..ROUNDS-1 of the slot write its groups' factors in one store instruction
-                    # (row-major: 4 consecutive words per slot) instead of lane 0 writing all of them
-                    mine = T.alloc_var(T.uint32)
-                    mine = sf_bits[0]
-                    for j in T.unroll(1, rounds):
-                        mine = T.if_then_else(lane == j, sf_bits[j], mine)
-                    if row_ok and lane < rounds and slot * rounds + lane < num_groups:
-                        sf[row * sf_row_stride + (slot * rounds + lane) * sf_col_stride] = mine
                 else:
                     for j in T.unroll(rounds):
                         if row_ok and lane == 0 and group_of(slot, j) < num_groups:
                             sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride] = sf_bits[j]
 
             # ---- quantize and store
-            if paired and write_out != 0:
-                # Lane r holds output pieces r and r + 8 of each group (8 bytes each).  Even lane 2m
-                # swaps its piece 2m + 8 for its odd neighbour's piece 2m + 1 (two 32-bit shuffles),
-                # so the even lane stores pieces (2m, 2m + 1) and the odd one (2m + 8, 2m + 9): one
-                # STG.128 per lane, one whole 128-byte line of out per slot and instruction.
-                odd = lane % 2
-                for j in T.unroll(rounds):
-                    for k in T.unroll(ppt):
-                        for u in T.vectorized(piece):
-                            ob[k * piece + u] = T.cast(T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
-                    if row_pieces % 2 == 0:
-                        # rows of out start 16-byte aligned: swap, then one 16-byte store per lane
-                        for w in T.unroll(2):
-                            recv[w] = T.shfl_xor(T.if_then_else(odd == 1, obw[w], obw[2 + w]), 1)
-                            stw[w] = T.if_then_else(odd == 1, recv[w], obw[w])
-                            stw[2 + w] = T.if_then_else(odd == 1, obw[2 + w], recv[w])
-                        # pair index (16-byte unit) of the lane's pieces inside the row; the flat
-                        # index through out's first row keeps the 16-byte alignment provable
-                        q = group_of(slot, j) * (pieces_per_group // 2) + lane // 2 + odd * 4
-                        if row_ok and 2 * q < row_pieces:
-                            for u in T.vectorized(2 * piece):
-                                out[0, 0, (row * (row_pieces // 2) + q) * (2 * piece) + u] = st[u]
-                    else:
-                        # odd row_pieces: 8-byte stores of the lane's own pieces (no swap)
-                        for k in T.unroll(ppt):
-                            if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
-                                for u in T.vectorized(piece):
-                                    out[row, piece_of(slot, lane, j, k, lanes_per_row), u] = ob[k * piece + u]
-            elif write_out != 0:
+            if write_out != 0:
                 for j in T.unroll(rounds):
                     for k in T.unroll(ppt):
                         if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
@@ -500,11 +410,10 @@ def _dims():
         # or, one group per row, the next power of two >= hidden / 32
         "lanes_per_row": (
             # groups per slot (ROUNDS) = 8 pieces / (pieces per group / lanes per group):
-            # bf16 4 / 2 / 4, fp32 2 / 1 / 1 for groups of 32 / 64 / 128; lanes per group
-            # bf16 2 / 2 / 8, fp32 2 / 2 / 4
+            # bf16 4 / 2 / 2, fp32 2 / 1 / 1 for groups of 32 / 64 / 128
             "(group != 0 ? ceil_div(use_packed_ue8m0 ? align_up(num_groups, 4) : num_groups,"
-            " (group == 128 && piece == 8 ? 4 : (group == 128 ? 32 : 16) * piece / group))"
-            " * (group == 128 ? (piece == 8 ? 8 : 4) : 2)"
+            " (group == 128 ? 32 : 16) * piece / group)"
+            " * (group == 128 ? 4 : 2)"
             " : [&] { int64_t n = 1; while (n < ceil_div(hidden, 32)) n *= 2; return n; }())"
         ),
     }
