@@ -564,9 +564,19 @@ bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, Param
   if (d == nullptr) return false;
   if (e->kernel.load(std::memory_order_acquire) == nullptr && !load_kernel(op, e)) return false;
   cu::CUkernel kernel = e->kernel.load(std::memory_order_relaxed);
-  cu::CUcontext current = nullptr;
-  d->cuCtxGetCurrent(&current);
-  if (current != g_primary[device]) d->cuCtxSetCurrent(g_primary[device]);
+  // The launch needs the tensor's device's primary context current on this thread;
+  // whatever was current is restored afterwards (torch's idea of the current device
+  // follows the current context).
+  cu::CUcontext previous = nullptr;
+  d->cuCtxGetCurrent(&previous);
+  const bool switched = previous != g_primary[device];
+  if (switched) d->cuCtxSetCurrent(g_primary[device]);
+  struct Restore {
+    const cu::Driver* d;
+    cu::CUcontext ctx;
+    bool on;
+    ~Restore() { if (on) d->cuCtxSetCurrent(ctx); }
+  } restore{d, previous, switched && previous != nullptr};
   if (g.dyn_smem > 48 * 1024 && e->smem_set[device].load(std::memory_order_relaxed) < static_cast<uint64_t>(g.dyn_smem) + 1) {
     cu::CUresult r = d->cuKernelSetAttribute(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(g.dyn_smem),
                                              kernel, device);

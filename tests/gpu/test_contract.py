@@ -14,7 +14,7 @@ from checks import assert_bits_equal, prebuilt_configs
 
 
 def _x(n, h, dtype, gen):
-    return torch.randn(n, h, generator=gen, device="cuda").to(dtype)
+    return torch.randn(n, h, generator=gen, device=gen.device).to(dtype)
 
 
 def _cases():
@@ -22,7 +22,7 @@ def _cases():
     cases = []
     if prebuilt_configs("moe.topk_gate"):
         e = prebuilt_configs("moe.topk_gate")[0]["num_experts"]
-        cases.append(("moe.topk_gate", lambda n, g: (moe.topk_gate, (torch.randn(n, e, generator=g, device="cuda"), min(8, e))), True))
+        cases.append(("moe.topk_gate", lambda n, g: (moe.topk_gate, (torch.randn(n, e, generator=g, device=g.device), min(8, e))), True))
     if prebuilt_configs("quant.per_token_cast"):
         cases.append(("quant.per_token_cast", lambda n, g: (quant.per_token_cast, (_x(n, 2048, torch.bfloat16, g), "e4m3", 128)), True))
     if prebuilt_configs("quant.swiglu_forward_and_per_token_cast"):
@@ -134,3 +134,22 @@ def test_no_jit_at_run_time():
     result = subprocess.run([sys.executable, "-c", NO_JIT_PROCESS], capture_output=True, text=True, env=env, cwd="/")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok"), result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
+def test_second_device(name, call, per_token):
+    """Inputs on cuda:1 while cuda:0 is current: the op runs on cuda:1 (on its current stream),
+    returns outputs there, and leaves torch's current device alone."""
+    torch.cuda.set_device(0)
+    g1 = torch.Generator(device="cuda:1").manual_seed(7)
+    g0 = torch.Generator(device="cuda:0").manual_seed(7)
+    with torch.cuda.device(1):
+        fn, args1 = call(300, g1)
+    fn, args0 = call(300, g0)
+    on1 = _outputs(fn(*args1))
+    assert torch.cuda.current_device() == 0
+    on0 = _outputs(fn(*args0))
+    for a, b in zip(on0, on1):
+        assert b.device == torch.device("cuda", 1)
+        assert_bits_equal(b, a, f"{name} on cuda:1")
