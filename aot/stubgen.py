@@ -195,9 +195,8 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
         L.append(f"  (void){n};\n")
     for name, expr in op.dims.items():
         L.append(f"  const int64_t {name} = {expr};\n  (void){name};\n")
-    for cond, message in op.checks:
-        exc = "type_error" if "dtype" in message else "value_error"
-        L.append(f"  if (!({cond})) {{ {exc}(op, \"%s\", {cpp_string(message)}); return nullptr; }}\n")
+    for cond, message in op.checks:  # dtype errors come from the Tensor types (TypeError); these are values
+        L.append(f"  if (!({cond})) {{ value_error(op, \"%s\", {cpp_string(message)}); return nullptr; }}\n")
     # config lookup (before any device work, so that a CPU-only machine reports it too)
     cfg_exprs = []
     for key in kernel_spec.static:

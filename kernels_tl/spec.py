@@ -103,7 +103,7 @@ class OpSpec:
     outs: Sequence[Out]
     returns: Sequence[str]  # names of outs returned (a tuple when more than one)
     dims: dict  # name -> C++ expression, evaluated in order after the checks of params
-    checks: Sequence[tuple]  # (C++ condition, message naming the argument), in order
+    checks: Sequence[tuple]  # (C++ condition, message naming the argument), in order; a failure is a ValueError
     config: dict  # static parameter of KERNEL -> C++ expression (or a constant)
     kernel_args: dict  # prim_func parameter / dynamic var -> C++ expression
     launch_when: str = "true"  # no launch (outputs still returned) when false: empty inputs
