@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU recipe, run ON the device machine from the repo root (see README, "Working on a GPU"):
-#   here:   scripts/build_wheel.sh --table aot/shapes/<table>.toml      (cp312 wheel into wheels/dist/)
-#   device: run(command="bash scripts/gpu_run.sh", carry=["wheels/dist"])
+#   here:   wheels/build.sh --table aot/shapes/<table>.toml      (cp312 wheel into wheels/dist/)
+#   device: run(command="bash wheels/gpu_run.sh", carry=["wheels/dist"])
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
 # JIT disabled, compute-sanitizer memcheck on one config per op, and the bench; everything
 # lands in $OUT (gpu-tests.log, memcheck.log, bench.json, bench.md).
@@ -23,7 +23,7 @@ if [[ ${TKA_SKIP_TESTS:-0} != 1 ]]; then
   status=${PIPESTATUS[0]}
 fi
 if [[ ${TKA_SKIP_MEMCHECK:-0} != 1 ]]; then
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 "$repo/scripts/memcheck_ops.py" > "$OUT/memcheck.log" 2>&1
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 "$repo/tests/gpu/memcheck_ops.py" > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)"; tail -3 "$OUT/memcheck.log"
 fi
 if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
