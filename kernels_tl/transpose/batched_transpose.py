@@ -303,20 +303,32 @@ def _wide(row_stride: str, batch_stride: str = None):
     return f"({cond}) ? int64_t(1) : int64_t(0)"
 
 
-OPS = [
-    OpSpec(
+def _op(batched: bool) -> OpSpec:
+    """``batched_transpose`` ([B, M, N]) or ``transpose`` ([M, N], one batch): the same kernel."""
+    d = 1 if batched else 0  # the dim of x holding M
+    row_stride = f"x.stride[{d}]"
+    batch_stride = "x.stride[0]" if batched else None
+    if batched:
+        doc = ("batched_transpose(x) -> [B, N, M]: out[b, j, i] = x[b, i, j].  x: [B, M, N] bfloat16, float32 or "
+               "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides (and the data "
+               "pointer) multiples of 4 elements; the result is contiguous.")
+    else:
+        doc = ("transpose(x) -> [N, M]: out[j, i] = x[i, j].  x: [M, N] bfloat16, float32 or float8_e4m3fn, M and N "
+               "multiples of 64, x.stride(-1) == 1, row stride (and the data pointer) multiples of 4 elements; the "
+               "result is contiguous.")
+    return OpSpec(
         module="transpose",
-        name="batched_transpose",
-        params=[Param("x", Tensor(list(DTYPES), 3, contiguous=False))],
-        outs=[Out("out", "x.dtype", ["num_batches", "cols", "rows"])],
+        name="batched_transpose" if batched else "transpose",
+        params=[Param("x", Tensor(list(DTYPES), 3 if batched else 2, contiguous=False))],
+        outs=[Out("out", "x.dtype", ["num_batches", "cols", "rows"] if batched else ["cols", "rows"])],
         returns=["out"],
         dims={
-            "num_batches": "x.shape[0]",
-            "rows": "x.shape[1]",
-            "cols": "x.shape[2]",
+            "num_batches": "x.shape[0]" if batched else "1",
+            "rows": f"x.shape[{d}]",
+            "cols": f"x.shape[{d + 1}]",
             "vec": "16 / dtype_bytes(x.dtype)",
         },
-        checks=_checks("1", "2", "x.stride[1]", "x.stride[0]"),
+        checks=_checks(str(d), str(d + 1), row_stride, batch_stride),
         config={"dtype": "x.dtype"},
         kernel_args={
             "x_pieces": "x.data",
@@ -324,46 +336,13 @@ OPS = [
             "num_batches": "num_batches",
             "rows": "rows",
             "cols": "cols",
-            "batch_stride": "num_batches > 1 ? x.stride[0] : int64_t(0)",
-            "row_stride": "x.stride[1]",
-            "wide": _wide("x.stride[1]", "x.stride[0]"),
+            "batch_stride": "num_batches > 1 ? x.stride[0] : int64_t(0)" if batched else "int64_t(0)",
+            "row_stride": row_stride,
+            "wide": _wide(row_stride, batch_stride),
         },
-        launch_when="num_batches > 0 && rows > 0 && cols > 0",
-        doc=(
-            "batched_transpose(x) -> [B, N, M]: out[b, j, i] = x[b, i, j].  x: [B, M, N] bfloat16, float32 or "
-            "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides (and the data "
-            "pointer) multiples of 4 elements; the result is contiguous."
-        ),
-    ),
-    OpSpec(
-        module="transpose",
-        name="transpose",
-        params=[Param("x", Tensor(list(DTYPES), 2, contiguous=False))],
-        outs=[Out("out", "x.dtype", ["cols", "rows"])],
-        returns=["out"],
-        dims={
-            "num_batches": "1",
-            "rows": "x.shape[0]",
-            "cols": "x.shape[1]",
-            "vec": "16 / dtype_bytes(x.dtype)",
-        },
-        checks=_checks("0", "1", "x.stride[0]"),
-        config={"dtype": "x.dtype"},
-        kernel_args={
-            "x_pieces": "x.data",
-            "out_chunks": "out.data",
-            "num_batches": "num_batches",
-            "rows": "rows",
-            "cols": "cols",
-            "batch_stride": "int64_t(0)",
-            "row_stride": "x.stride[0]",
-            "wide": _wide("x.stride[0]"),
-        },
-        launch_when="rows > 0 && cols > 0",
-        doc=(
-            "transpose(x) -> [N, M]: out[j, i] = x[i, j].  x: [M, N] bfloat16, float32 or float8_e4m3fn, M and N "
-            "multiples of 64, x.stride(-1) == 1, row stride (and the data pointer) multiples of 4 elements; the "
-            "result is contiguous."
-        ),
-    ),
-]
+        launch_when="num_batches > 0 && rows > 0 && cols > 0" if batched else "rows > 0 && cols > 0",
+        doc=doc,
+    )
+
+
+OPS = [_op(batched=True), _op(batched=False)]
