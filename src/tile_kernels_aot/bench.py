@@ -2,8 +2,11 @@
 
 For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
 
-* device time: CUDA-graph replay of launches that rotate over input sets
-  larger than L2, so the time is DRAM time, not cache time;
+* device time: CUDA-graph replay of ``GRAPH_LAUNCHES`` launches that rotate
+  over input sets larger than L2, so the time is DRAM time, not cache time,
+  and the graph's own launch cost is spread over many kernels;
+* kernel time: the CUPTI duration of the same launches (``torch.profiler``),
+  i.e. the kernels alone, without the gaps between them;
 * eager time per call, outputs passed in (``out=``) and allocated by the call,
   from a pipelined loop (what a caller on the hot path sees);
 * the bare ``cuLaunchKernel`` cost of the same kernel with the same arguments,
@@ -11,8 +14,8 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   of our launch path above it;
 * bytes moved (from the kernel spec's formula in the manifest), TB/s, and the
   share of the device-to-device copy bandwidth measured in the same run;
-* the PyTorch reference and, when importable, TileKernels' JIT kernels, timed
-  the same way.
+* the PyTorch reference and, when importable, TileKernels' JIT kernels (device
+  time, kernel time and eager time per call, measured the same way as ours).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ import torch
 from tile_kernels_aot import manifest
 
 L2_BYTES = 60 * 1024 * 1024
+# Launches per captured graph.  With only the 2-3 input sets a prefill shape needs
+# to exceed L2, the graph's own launch latency (several us) divided by 2 would be
+# counted as device time; 64 launches spread it to a few percent of a microsecond.
+GRAPH_LAUNCHES = 64
 PREFILL, DECODE = 8192, 128
 
 
@@ -69,15 +76,17 @@ def _resolve(dotted: str):
 
 
 def _graph_time_us(calls, reps=20):
-    """Mean device time of one call, from CUDA-graph replays of all ``calls``."""
+    """Device time of one call: CUDA-graph replays of ``GRAPH_LAUNCHES`` launches
+    cycling over ``calls`` (one per input set), median over replays."""
+    launches = [calls[i % len(calls)] for i in range(max(GRAPH_LAUNCHES, len(calls)))]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        for c in calls[:2]:
+        for c in calls:
             c()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        for c in calls:
+        for c in launches:
             c()
     graph.replay()
     torch.cuda.synchronize()
@@ -88,8 +97,28 @@ def _graph_time_us(calls, reps=20):
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+        times.append(start.elapsed_time(end) * 1e3 / len(launches))
+    del graph
     return statistics.median(times)
+
+
+def _kernel_time_us(calls, rounds=4):
+    """GPU kernel time of one call from CUPTI (``torch.profiler``): the summed
+    durations of every kernel the calls launched, over the number of calls.  The
+    calls are issued eagerly, cycling over the input sets."""
+    from torch.profiler import ProfilerActivity, profile
+
+    launches = [calls[i % len(calls)] for i in range(max(16, len(calls)))]
+    for c in launches:
+        c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            for c in launches:
+                c()
+        torch.cuda.synchronize()
+    total = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total / (rounds * len(launches))
 
 
 def _eager_us(fn, n=5000):
@@ -150,6 +179,9 @@ def first_call_ms() -> float:
 
 
 def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
+    """One row: device time, eager and bare-launch host times, the reference.  Returns the
+    row and what the later passes (kernel time, TileKernels) need: the rotating calls and
+    the inputs."""
     from tile_kernels_aot import _C
 
     fn = _resolve(f"tile_kernels_aot.{op}")
@@ -179,29 +211,49 @@ def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
         "overhead_out_us": eager_out - bare, "overhead_alloc_us": eager_alloc - bare,
         "reference_us": ref_us, "input_sets": sets,
     }
-    try:
-        import tile_kernels  # noqa: F401
+    return row, calls, (args, inputs, kwargs)
 
-        upstream = _resolve(f"tile_kernels.{op}")
-        row["tilekernels_jit_us"] = _event_us(lambda: upstream(*args, **kwargs))
+
+def bench_tilekernels(row, args, inputs, kwargs):
+    """TileKernels' JIT kernel for the same op and inputs, measured as ours (it allocates
+    its outputs on every call: it has no out=)."""
+    upstream = _resolve(f"tile_kernels.{row['op']}")
+    try:
+        upstream(*args, **kwargs)  # the first call compiles
+        up_calls = [lambda a=a: upstream(*a, **kwargs) for a in inputs]
         row["tilekernels_eager_us"] = _eager_us(lambda: upstream(*args, **kwargs), n=500)
-    except ImportError:
-        pass
-    return row
+        row["tilekernels_device_us"] = _graph_time_us(up_calls)
+        row["tilekernels_kernel_us"] = _kernel_time_us(up_calls)
+    except Exception as e:  # report it, keep the rest of the run
+        row["tilekernels_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def run(json_path=None, only=None) -> int:
+    """Host-time loops first, in a process that has not loaded CUPTI (the profiler) or
+    TileLang (TileKernels), which both slow the host path; then the CUPTI kernel times;
+    then TileKernels, when importable."""
     if not torch.cuda.is_available():
         print("bench: no CUDA device", file=sys.stderr)
         return 1
     copy_tbs = copy_bandwidth_tbs()
-    rows = []
+    rows, later = [], []
     for op, make, ref_module, ref_name in _cases():
         if only and op not in only:
             continue
         for n in (PREFILL, DECODE):
-            rows.append(bench_op(op, make, ref_module, ref_name, n, copy_tbs))
+            row, calls, data = bench_op(op, make, ref_module, ref_name, n, copy_tbs)
+            rows.append(row)
+            later.append((row, calls, data))
     first = first_call_ms()
+    for row, calls, _ in later:
+        row["kernel_us"] = _kernel_time_us(calls)
+    try:
+        import tile_kernels  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        for row, _, data in later:
+            bench_tilekernels(row, *data)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tbs": copy_tbs,
               "first_call_ms": first, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     if json_path:
@@ -214,11 +266,19 @@ def run(json_path=None, only=None) -> int:
 def format_table(result: dict) -> str:
     lines = [f"{result['gpu']}, torch {result['torch']}, {result['date']}: copy bandwidth {result['copy_tbs']:.2f} TB/s, "
              f"first call in a fresh process {result['first_call_ms']:.1f} ms", "",
-             "| op | tokens | device us | TB/s | % of copy | eager out= us | eager alloc us | bare launch us | "
+             "| op | tokens | device us | kernel us | TB/s | % of copy | eager out= us | eager alloc us | bare launch us | "
              "overhead out= us | overhead alloc us | torch ref us |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
-        lines.append(f"| {r['op']} | {r['num_tokens']} | {r['device_us']:.1f} | {r['tbs']:.2f} | {100 * r['copy_share']:.0f}% | "
-                     f"{r['eager_out_us']:.2f} | {r['eager_alloc_us']:.2f} | {r['bare_launch_us']:.2f} | "
+        lines.append(f"| {r['op']} | {r['num_tokens']} | {r['device_us']:.1f} | {r['kernel_us']:.1f} | {r['tbs']:.2f} | "
+                     f"{100 * r['copy_share']:.0f}% | {r['eager_out_us']:.2f} | {r['eager_alloc_us']:.2f} | {r['bare_launch_us']:.2f} | "
                      f"{r['overhead_out_us']:+.2f} | {r['overhead_alloc_us']:+.2f} | {r['reference_us']:.1f} |")
+    upstream = [r for r in result["rows"] if "tilekernels_kernel_us" in r]
+    if upstream:
+        lines += ["", "TileKernels JIT on the same inputs, measured the same way:", "",
+                  "| op | tokens | device us | kernel us | eager (alloc) us | ours: device us | ours: kernel us |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in upstream:
+            lines.append(f"| {r['op']} | {r['num_tokens']} | {r.get('tilekernels_device_us', math.nan):.1f} | {r['tilekernels_kernel_us']:.1f} | "
+                         f"{r['tilekernels_eager_us']:.2f} | {r['device_us']:.1f} | {r['kernel_us']:.1f} |")
     return "\n".join(lines)
