@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 
@@ -112,11 +113,13 @@ def _kernel_time_us(calls, rounds=4):
     for c in launches:
         c()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(rounds):
-            for c in launches:
-                c()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():  # torch's notice that events are per profiling cycle
+        warnings.simplefilter("ignore", UserWarning)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                for c in launches:
+                    c()
+            torch.cuda.synchronize()
     total = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return total / (rounds * len(launches))
 
