@@ -30,7 +30,7 @@ where ``torch.amax`` would propagate it.
 Design
 ------
 Groups of 128 channels (``max_row_hidden == 0``; ``hidden`` is dynamic):
-a block is 8 warps; warp ``w`` owns row ``8 * by + w`` and lane ``l`` owns the 16
+a block is 4 warps; warp ``w`` owns row ``4 * by + w`` and lane ``l`` owns the 16
 channels ``16 * (32 * bx + l) ...``, so a warp covers 512 channels = four scale
 groups of 8 lanes.  A lane loads its 16 left and 16 right inputs as 16-byte
 vectors (bf16 kept as 32-bit words: widening is one shift or mask), the group
@@ -75,7 +75,7 @@ latency-bound).  Tuning (issue 2):
   no-option fast loop is 291 SASS instructions for 16 elements on sm_100a,
   ~18 per element), the range check costs ~6 per lane: ~60 fewer instructions
   per lane (~11%), ~15 us of issue;
-* bf16 on sm_90a: launch bounds for 6 blocks (40 registers, no spills) instead
+* (round 1) bf16 on sm_90a: launch bounds for 6 blocks (40 registers, no spills) instead
   of 5 (48): 48 warps and up to 96 KB of loads in flight per SM instead of 40 /
   80 KB, more warps to hide the load latency behind the math.  sm_100a's code
   spills at 40 registers, so it keeps 5 blocks (the factory reads the arch from
@@ -83,6 +83,19 @@ latency-bound).  Tuning (issue 2):
 
 Predicted: ~22-23 us on the H200 (issue ~15 us now overlaps the ~20 us of memory
 time better with 20% more warps).
+
+Round 2 (device time now from 64-launch graphs, repeats within ~0.2 us).  The
+kernel measured 23.1-24.1 us.  A CUDA C model of it (same layout and math, a
+`.device/` probe, not shipped) ran in the same time with the exact ``expf`` and
+divide and 21.8-22.3 us with ``__expf`` / ``__fdividef``: the exact math that
+keeps the output bit-identical to the reference costs ~1.4 us and is the floor
+of this design.  Sector-complete loads (each load instruction 512 contiguous
+bytes) and software pipelining across rows were slower (23.8 and 26-29 us).
+What helped is a shorter drain: 4 rows (128 threads) per block instead of 8 and
+a 32-register cap on sm_90a (64 warps per SM), 22.4-22.5 us against 23.2 for the
+8-row kernel in the same run (2 repeats each; 8 rows with 8 blocks per SM: 22.9,
+4 rows with 12 blocks: 22.7-23.0, 2 rows with 24 blocks: 22.7-22.8).  Packed
+UE8M0 spills at 32 registers and keeps 40.
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
 ``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}:
@@ -101,13 +114,15 @@ GROUP = 128  # channels per scale factor (group mode)
 LANE_CHANNELS = 16  # channels per lane (group mode): 16-byte fp8 store
 LANES_PER_GROUP = GROUP // LANE_CHANNELS  # 8
 GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
-ROWS_PER_BLOCK = 8  # one row per warp, 256 threads
+# One row per warp, 4 rows (128 threads) per block: small blocks keep the drain of the last
+# blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see "Tuning").
+ROWS_PER_BLOCK = 4
 MAX_GRID_Y = 65535
-# Group mode: cap registers for occupancy.  bf16 input: 40 registers (6 blocks = 48 warps
-# per SM, 96 KB of loads in flight) fit sm_90a's code without spills, sm_100a's spills a
-# little there, so it keeps 48 (5 blocks); fp32 input holds twice the raw data (64).
-MIN_BLOCKS_PER_SM = {"bfloat16": {"sm_90a": 6}, "float32": {}}
-MIN_BLOCKS_PER_SM_DEFAULT = {"bfloat16": 5, "float32": 4}
+# Group mode: registers per thread, capped for occupancy (-> blocks per SM for ptxas), the
+# lowest that needs no spills: bf16 on sm_90a 32 (64 warps per SM), 40 with packed UE8M0
+# factors (its gather needs more); sm_100a's code 48; fp32 input holds twice the raw data (64).
+REGISTER_CAP = {("bfloat16", "sm_90a"): 32, ("bfloat16", "sm_90a", "ue8m0_col"): 40}
+REGISTER_CAP_DEFAULT = {"bfloat16": 48, "float32": 64}
 ROW_THREADS = 256  # per-row mode: one row per block
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
@@ -374,7 +389,10 @@ def _target_arch() -> str:
 
 def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
     threads = ROWS_PER_BLOCK * WARP
-    min_blocks = MIN_BLOCKS_PER_SM[in_dtype].get(_target_arch(), MIN_BLOCKS_PER_SM_DEFAULT[in_dtype])
+    arch = _target_arch()
+    registers = REGISTER_CAP.get((in_dtype, arch, sf_format),
+                                 REGISTER_CAP.get((in_dtype, arch), REGISTER_CAP_DEFAULT[in_dtype]))
+    min_blocks = 65536 // (registers * threads)  # the SM's register file
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
     num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
