@@ -5,9 +5,9 @@
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
 # JIT disabled, compute-sanitizer memcheck on one config per op, and the bench; everything
 # lands in $OUT (gpu-tests.log, memcheck.log, bench.json, bench.md).
-# TKA_BENCH_SITE: extra import path for the bench only (e.g. an unpacked tile-kernels 1.0.0 +
-# tilelang 0.1.11 site, so the bench times TileKernels' JIT kernels beside ours); the tests
-# never see it.
+# TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels
+# beside ours: a folder, or the .tar.xz that wheels/tilekernels_site.sh makes (unpacked here
+# first); the tests never see it.
 set -uo pipefail
 OUT=${OUT:-/tmp/tka-out}
 mkdir -p "$OUT"
@@ -30,6 +30,10 @@ if [[ ${TKA_SKIP_MEMCHECK:-0} != 1 ]]; then
   echo "memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)"; tail -3 "$OUT/memcheck.log"
 fi
 if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
+  if [[ ${TKA_BENCH_SITE:-} == *.tar.xz ]]; then
+    rm -rf /tmp/tka-bench-site && mkdir -p /tmp/tka-bench-site
+    (cd "$repo" && tar -C /tmp/tka-bench-site -xJf "$TKA_BENCH_SITE") && TKA_BENCH_SITE=/tmp/tka-bench-site
+  fi
   PYTHONPATH=$site${TKA_BENCH_SITE:+:$TKA_BENCH_SITE} \
     python3 -m tile_kernels_aot bench --json "$OUT/bench.json" ${TKA_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
 fi
