@@ -284,4 +284,7 @@ def format_table(result: dict) -> str:
         for r in upstream:
             lines.append(f"| {r['op']} | {r['num_tokens']} | {r.get('tilekernels_device_us', math.nan):.1f} | {r['tilekernels_kernel_us']:.1f} | "
                          f"{r['tilekernels_eager_us']:.2f} | {r['device_us']:.1f} | {r['kernel_us']:.1f} |")
+    for r in result["rows"]:
+        if "tilekernels_error" in r:
+            lines.append(f"TileKernels {r['op']} at {r['num_tokens']} tokens failed: {r['tilekernels_error']}")
     return "\n".join(lines)
