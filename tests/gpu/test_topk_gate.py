@@ -40,3 +40,33 @@ def test_special_values(num_experts, gen):
     scores[3, 7] = -0.0
     expected = ref.topk_gate(scores.cpu(), 8)
     assert_bits_equal(moe.topk_gate(scores, 8), expected, "special values")
+
+
+@pytest.mark.parametrize("num_experts", EXPERTS)
+def test_near_ties(num_experts, gen):
+    """Scores equal in all but their lowest mantissa bits: the one-reduction pass cannot
+    order them from its composite keys and must redo the row with the plain keys."""
+    scores = torch.randn(512, num_experts, generator=gen, device="cuda")
+    base = torch.tensor(3.0).view(torch.int32).item()
+    low = torch.randint(0, 1024, (512, 6), generator=gen, device="cuda", dtype=torch.int32)
+    cols = torch.stack([torch.randperm(num_experts, generator=gen, device="cuda")[:6] for _ in range(512)])
+    scores.scatter_(1, cols, (base + low).view(torch.float32))
+    scores[::2, 0] = scores[::2, 1]  # exact ties too, in half of the rows
+    for num_topk in (1, 2, 8, 9):
+        expected = ref.topk_gate(scores.cpu(), num_topk)
+        assert_bits_equal(moe.topk_gate(scores, num_topk), expected, f"near ties k={num_topk}")
+
+
+@pytest.mark.parametrize("num_experts", EXPERTS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_large_topk(num_experts, ties, gen):
+    """Ranks are collected 32 at a time: top-k past one warp of ranks, up to all experts."""
+    scores = _scores(300, num_experts, gen, ties)
+    scores[7, :5] = float("nan")
+    for num_topk in sorted({32, 33, num_experts}):
+        if num_topk > num_experts:
+            continue
+        expected = ref.topk_gate(scores.cpu(), num_topk)
+        out = poisoned((300, num_topk), torch.int64)
+        moe.topk_gate(scores, num_topk, out=out)
+        assert_bits_equal(out, expected, f"{num_experts} experts k={num_topk}")
