@@ -101,6 +101,8 @@ ptxas at the 32-register cap keeps everything in registers for 72 experts and
 spills 4 / 24 / 48 bytes (sm_90a; sm_100a 0 / 4 / 8) for 256 / 288 / 384, all
 outside the round loops (values kept for the fallback and the per-32-ranks
 store).  Predicted: ~40% fewer instructions per row at k = 8, ~7.5-8 us.
+Measured 8.2 us device time, 7.9 us kernel time (from 9.2 / 8.9 in the same
+session; 8192 x 256, k = 8, random fp32 scores, i.e. the verifying path).
 """
 
 from tilelang import language as T
