@@ -27,11 +27,11 @@ Lanes ``0..num_topk-1`` then store their int64 index (one coalesced store per
 token).  A round is about ``4 * slots + 10`` instructions per warp (sm_90a,
 256 experts: 4 VIMNMX3, 2 REDUX, 32 ISETP/SEL, ~5 others), with no shuffles,
 no shared memory and no block barrier.  These *exact rounds* are now the
-fallback of the composite-key pass below, which every row runs first.  The loop over rounds is a plain
-run-time loop (nvcc unrolls it by 2), so ``num_topk`` is a *dynamic*
-parameter: one cubin per expert count serves every top-k, for about 2
-instructions of loop control per round.  Ranks are collected 32 at a time, so
-any ``1 <= num_topk <= num_experts`` works.
+fallback of the composite-key pass below, which every row runs first.  The
+loop over rounds is a plain run-time loop (nvcc unrolls it by 2), so
+``num_topk`` is a *dynamic* parameter: one cubin per expert count serves every
+top-k, for about 2 instructions of loop control per round.  Ranks are
+collected 32 at a time, so any ``1 <= num_topk <= num_experts`` works.
 
 Composite keys (round 2 of tuning).  The low ``IDX_BITS`` bits of every key
 (7 for 72 experts, 8 for 256, 9 for 288 and 384) are replaced by

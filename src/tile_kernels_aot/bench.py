@@ -76,10 +76,15 @@ def _resolve(dotted: str):
     return getattr(importlib.import_module(module), name)
 
 
+def _cycle(calls, n):
+    """At least ``n`` launches taken in turn from ``calls`` (one per input set)."""
+    return [calls[i % len(calls)] for i in range(max(n, len(calls)))]
+
+
 def _graph_time_us(calls, reps=20):
     """Device time of one call: CUDA-graph replays of ``GRAPH_LAUNCHES`` launches
     cycling over ``calls`` (one per input set), median over replays."""
-    launches = [calls[i % len(calls)] for i in range(max(GRAPH_LAUNCHES, len(calls)))]
+    launches = _cycle(calls, GRAPH_LAUNCHES)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for c in calls:
@@ -109,7 +114,7 @@ def _kernel_time_us(calls, rounds=4):
     calls are issued eagerly, cycling over the input sets."""
     from torch.profiler import ProfilerActivity, profile
 
-    launches = [calls[i % len(calls)] for i in range(max(16, len(calls)))]
+    launches = _cycle(calls, 16)
     for c in launches:
         c()
     torch.cuda.synchronize()
