@@ -10,12 +10,16 @@ i.e. 3 configs cover everything (B, M, N and both strides stay dynamic).
 
 Design
 ------
-One block per 128 x 128-element tile (grid: ceil(N/128), ceil(M/128), B).  M
-and N are only multiples of 64, so an edge tile may hold just its first 64
-rows and/or columns: two block-uniform flags (``m_full``, ``n_full``) predicate
-those accesses, and full tiles take a branch without any predicate.  Every
-thread moves 8 chunks (128 bytes) in and 128 bytes out, so the block has
-TILE * TILE * elem_bytes / 128 threads: fp32 512, bf16 256, fp8 128.
+One block per TM x TN tile of ``x`` (TM rows, TN columns; ``TILES``: bf16
+128 x 128, fp32 64 x 128, fp8 128 x 256, i.e. 32 KiB for every dtype).  The
+grid is (ceil(M/TM), ceil(N/TN), B) with the M tiles innermost: blocks that
+the hardware starts one after another write consecutive pieces of the same
+TN output rows, so the output streams out in whole rows (see "Tuning", round
+3).  M and N are only multiples of 64, so an edge tile may hold just a
+multiple of 64 rows and/or columns: two block-uniform flags (``m_full``,
+``n_full``) send edge tiles down a path that tests every access against M
+and N, and full tiles take a branch without any predicate.  Every thread
+moves 8 chunks (128 bytes) in and 128 bytes out: 256 threads for each dtype.
 
 1. global -> shared: consecutive threads take consecutive 16-byte chunks of
    the tile, row-major (a 128-byte line per 8 threads; a tile row is 2 (bf16),
@@ -27,8 +31,8 @@ TILE * TILE * elem_bytes / 128 threads: fp32 512, bf16 256, fp8 128.
    elem_bytes consecutive rows (``V`` x LDS.32), transposes that V x P element
    block in registers with byte permutes (fp32: none, bf16: 8 PRMT, fp8: 32
    PRMT) and stores ``P`` chunks.  The 32 lanes of a warp write 8 consecutive
-   chunks (128 bytes) of 4 output rows; two (bf16) or four (fp32) warps
-   complete a 256- or 512-byte output row segment, fp8 one 128-byte segment.
+   chunks (128 bytes) of 4 output rows; a block writes TM * elem_bytes bytes
+   of each of its TN output rows (bf16 and fp32 256, fp8 128).
 
 Bank conflicts: the tile is kept as 16-byte chunks, and a chunk's slot inside
 its 128-byte line (8 slots x 4 banks) is XORed with ``(row // V) % 8``.  A
@@ -95,31 +99,52 @@ byte-identical to round 1 (only the dynamic shared-memory size changes), so
 outputs are unchanged.  Prediction: ~35 us at 8192 x 4096 bf16 (upstream's
 point; 3.8 TB/s), possibly slightly better from the 16-byte accesses.  If it
 is not faster than 38.7 us the hypothesis is wrong and round 1 should stay.
+(Rounds 0-2 were timed with 2-launch graphs, about 1-2 us high; round 2
+measured 35.0-35.5 us with 64-launch graphs.)
+
+Round 3 (issue 2, 64-launch graphs, one small wheel per variant, H200).  At
+8192 x 4096 bf16 the kernel ran 35.0 us against 33.3 us for torch's copy_ of
+the same bytes, and 3.93 against 4.24 TB/s at 16384 x 8192: it loses in the
+steady state, not only in ramp-up and tail.  The grid then had the N tiles
+innermost, so consecutive blocks read one band of input rows and wrote 256
+bytes into each of 128 different output rows.  Measured (us at 8192 x 4096
+bf16 / 16384 x 8192 bf16 / 8192 x 2048 fp32 / 8192 x 8192 fp8):
+
+* old order, 128 x 128 tiles: 35.0 / 136.7 / 36.1 / 39.6;
+* M tiles innermost (consecutive blocks continue the same output rows):
+  34.4-34.5 / 131.8-132.1 / 35.4-35.5 / 37.8-38.0; with 2, 4 or 5 blocks per SM
+  within 0.2 us;
+* tiles grouped in bands of 2-16 (either order): 34.9-35.9, slower;
+* per-dtype tile shapes with M innermost: bf16 64 x 256 34.9-35.1, 128 x 256
+  35.0-35.3, 64 x 512 35.6; fp32 64 x 128 34.5-34.7 (the best); fp8 128 x 256
+  35.0-35.2 (the best; 256 x 256 35.5, 128 x 512 35.9);
+* 4 or 16 chunks per thread instead of 8: within 0.2 us.
+
+Kept: M innermost, bf16 128 x 128, fp32 64 x 128, fp8 128 x 256, 3 blocks
+(96 KiB of tiles) per SM for each dtype: 34.5 / 132.0 / 34.7 / 35.0-35.2.
 """
 
 from tilelang import language as T
 
 from kernels_tl.spec import KernelSpec, OpSpec, Out, Param, Tensor
 
-TILE = 128  # elements per block tile side
-SUB = 64  # M and N are multiples of 64: an edge tile may be cut to 64 in either dim
+# Tile per dtype, (input rows TM, input cols TN) = (output cols, output rows).
+TILES = {"bfloat16": (128, 128), "float32": (64, 128), "float8_e4m3fn": (128, 256)}
+SUB = 64  # M and N are multiples of 64: an edge tile may hold only a multiple of 64 rows / columns
 CHUNKS_PER_THREAD = 8  # 16-byte chunks each thread loads (and stores): 128 bytes in flight
 ELEM_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
 DTYPES = tuple(ELEM_BYTES)
 # Resident blocks per SM wanted: ~96 KiB of tile loads in flight per SM (see
-# the docstring).  bf16 and fp8 would otherwise fit 5 and 9 blocks; fp32
-# (64 KiB tiles, 2 blocks by registers) needs no cap.
-BLOCKS_PER_SM = {"bfloat16": 3, "float32": None, "float8_e4m3fn": 6}
+# the docstring); every dtype's tile is 32 KiB, and would otherwise fit 5-6 blocks.
+BLOCKS_PER_SM = 3
 SMEM_PER_SM = 228 * 1024  # sm_90a and sm_100a; each resident block also reserves 1 KiB
 
 
-def _smem_bytes(tile_bytes: int, blocks_per_sm):
+def _smem_bytes(tile_bytes: int, blocks_per_sm: int):
     """Shared memory a block allocates so that exactly ``blocks_per_sm`` fit on an SM."""
-    if blocks_per_sm is None:
-        return tile_bytes
     size = -(-SMEM_PER_SM // (blocks_per_sm + 1) // 1024) * 1024  # (k + 1) blocks of size + 1 KiB do not fit
-    assert blocks_per_sm * (size + 1024) <= SMEM_PER_SM < (blocks_per_sm + 1) * (size + 1024)
-    return max(size, tile_bytes)
+    assert blocks_per_sm * (size + 1024) <= SMEM_PER_SM < (blocks_per_sm + 1) * (size + 1024) and size >= tile_bytes
+    return size
 
 
 def _byte_perm(a, b, selector: int):
@@ -129,11 +154,13 @@ def _byte_perm(a, b, selector: int):
 
 def batched_transpose_kernel(dtype: str):
     eb = ELEM_BYTES[dtype]
+    TM, TN = TILES[dtype]
     P = 4 // eb  # elements per 32-bit word
     V = 16 // eb  # elements per 16-byte chunk (= words one unit reads)
-    C = TILE // V  # chunks per tile row (and per output tile row): fp32 32, bf16 16, fp8 8
-    threads = TILE * C // CHUNKS_PER_THREAD  # fp32 512, bf16 256, fp8 128
-    rows_per_pass = threads // C  # tile rows one phase-1 pass covers: 16
+    C = TN // V  # chunks per tile row
+    CM = TM // V  # chunks per output tile row
+    threads = TM * C // CHUNKS_PER_THREAD
+    rows_per_pass = threads // C  # tile rows one phase-1 pass covers
     # Narrow path (row or batch stride, or the pointer, not 16-byte aligned):
     # each chunk is loaded as NP pieces of 4 elements.  fp32 pieces are chunks.
     NP = V // 4
@@ -141,11 +168,12 @@ def batched_transpose_kernel(dtype: str):
     # Phase 2: a unit is (word column nw, output chunk mc).  A warp covers 8
     # consecutive output chunks of 4 consecutive word columns (one smem chunk).
     MCW = 8
-    units_per_thread = (TILE // P) * C // threads  # fp32 8, bf16 4, fp8 2
-    assert rows_per_pass * CHUNKS_PER_THREAD == TILE and SUB % rows_per_pass == 0 and C % MCW == 0
+    units_per_thread = (TN // P) * CM // threads
+    assert rows_per_pass * CHUNKS_PER_THREAD == TM and CM % MCW == 0 and C % 8 == 0
+    assert TM % SUB == 0 and TN % SUB == 0 and units_per_thread * threads == (TN // P) * CM
     # The shared buffer is the tile plus padding that only caps the resident
     # blocks per SM (the padding is never touched).
-    smem_chunks = _smem_bytes(TILE * TILE * eb, BLOCKS_PER_SM[dtype]) // 16
+    smem_chunks = _smem_bytes(TM * TN * eb, BLOCKS_PER_SM) // 16
 
     num_batches = T.dynamic("num_batches")
     rows = T.dynamic("rows")  # M
@@ -164,9 +192,11 @@ def batched_transpose_kernel(dtype: str):
         out: T.Tensor[(num_batches, cols, rows), dtype],
         wide: T.int32,
     ):
-        with T.Kernel(T.ceildiv(cols, TILE), T.ceildiv(rows, TILE), num_batches, threads=threads) as (
-            pid_n,
+        # Consecutive blocks take consecutive tiles down M: together they write
+        # whole output rows (see the docstring).
+        with T.Kernel(T.ceildiv(rows, TM), T.ceildiv(cols, TN), num_batches, threads=threads) as (
             pid_m,
+            pid_n,
             pid_b,
         ):
             # Chunk / piece views: every global access below is a single 16-byte
@@ -191,34 +221,34 @@ def batched_transpose_kernel(dtype: str):
             column = T.alloc_local((V,), T.uint32)  # one word column, V tile rows
             packed = T.alloc_local((4 * P,), T.uint32)  # P output chunks
             tid = T.get_thread_binding()
-            # An edge tile may hold only the first 64 rows and/or columns
-            # (block-uniform flags).
-            m_full = pid_m * TILE + TILE <= rows
-            n_full = pid_n * TILE + TILE <= cols
+            # An edge tile may hold only some multiple of 64 rows and/or columns
+            # (block-uniform flags; edge tiles test every access).
+            m_full = pid_m * TM + TM <= rows
+            n_full = pid_n * TN + TN <= cols
 
             # 1. global -> shared.  Consecutive threads take consecutive chunks
-            # of a tile row (C = 8..32 chunks: whole 128-byte lines); pass i
-            # covers rows 16 i .. 16 i + 15, so passes 0-3 are the first 64 rows.
-            # Full tiles take a branch without predicates so that every
-            # compiler keeps all 8 loads in flight before the first store.
+            # of a tile row (whole 128-byte lines); pass i covers tile rows
+            # rows_per_pass * i ... .  Full tiles take a branch without
+            # predicates so that every compiler keeps all 8 loads in flight
+            # before the first store.
             c = tid % C
-            col_ok = c < C // 2 or n_full
+            col_ok = pid_n * C + c < cols // V
             if (wide != 0 or NP == 1) and m_full and n_full:
                 for i in T.unroll(CHUNKS_PER_THREAD):
                     r = i * rows_per_pass + tid // C
-                    tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TILE + r, pid_n * C + c]
+                    tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TM + r, pid_n * C + c]
             elif wide != 0 or NP == 1:
                 for i in T.unroll(CHUNKS_PER_THREAD):
                     r = i * rows_per_pass + tid // C
-                    if (i * rows_per_pass < SUB or m_full) and col_ok:
-                        tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TILE + r, pid_n * C + c]
+                    if pid_m * TM + r < rows and col_ok:
+                        tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TM + r, pid_n * C + c]
             else:
                 for i in T.unroll(CHUNKS_PER_THREAD):
                     r = i * rows_per_pass + tid // C
-                    if (i * rows_per_pass < SUB or m_full) and col_ok:
+                    if pid_m * TM + r < rows and col_ok:
                         for h in T.unroll(NP):
                             tile_pieces[smem_chunk(r, c) * NP + h] = x_pieces[
-                                pid_b, pid_m * TILE + r, (pid_n * C + c) * NP + h
+                                pid_b, pid_m * TM + r, (pid_n * C + c) * NP + h
                             ]
             T.sync_threads()
 
@@ -226,9 +256,9 @@ def batched_transpose_kernel(dtype: str):
             for i in T.unroll(units_per_thread):
                 lane = (i * threads + tid) % 32
                 warp = (i * threads + tid) // 32
-                mc = lane % MCW + MCW * (warp % (C // MCW))
-                nw = lane // MCW + (32 // MCW) * (warp // (C // MCW))
-                if (mc < C // 2 or m_full) and (nw * P < SUB or n_full):
+                mc = lane % MCW + MCW * (warp % (CM // MCW))
+                nw = lane // MCW + (32 // MCW) * (warp // (CM // MCW))
+                if (m_full or pid_m * TM + mc * V < rows) and (n_full or pid_n * TN + nw * P < cols):
                     for v in T.unroll(V):
                         column[v] = tile_words[smem_chunk(mc * V + v, nw // 4) * 4 + nw % 4]
                     # packed[e * 4 + j] = word j of output row nw * P + e: element e
@@ -252,7 +282,7 @@ def batched_transpose_kernel(dtype: str):
                             packed[8 + j] = _byte_perm(hi01, hi23, 0x5410)
                             packed[12 + j] = _byte_perm(hi01, hi23, 0x7632)
                     for e in T.unroll(P):
-                        out_chunks[pid_b, pid_n * TILE + nw * P + e, pid_m * C + mc] = packed[T.Ramp(e * 4, 1, 4)]
+                        out_chunks[pid_b, pid_n * TN + nw * P + e, pid_m * CM + mc] = packed[T.Ramp(e * 4, 1, 4)]
 
     return batched_transpose
 
@@ -270,6 +300,15 @@ KERNEL = KernelSpec(
     },
 )
 
+# The grid's y extent is the number of column tiles (at most 65535): the tile
+# width per element size, as a C++ expression and as text for the message.
+_TILE_COLS = "(" + " : ".join(
+    f"dtype_bytes(x.dtype) == {ELEM_BYTES[d]} ? {TILES[d][1]}" for d in DTYPES[:-1]
+) + f" : {TILES[DTYPES[-1]][1]})"
+_TILE_COLS_TEXT = " or ".join(
+    f"65535 * {w} ({', '.join(d for d in DTYPES if TILES[d][1] == w)})" for w in sorted({TILES[d][1] for d in DTYPES})
+)
+
 # C++ (stub) side.  ``vec`` = elements per 16-byte chunk.  Alignment and
 # stride checks are skipped for empty tensors (nothing is launched).
 _EMPTY = "num_batches == 0 || rows == 0 || cols == 0"
@@ -280,7 +319,8 @@ def _checks(rows_dim: str, cols_dim: str, row_stride: str, batch_stride: str = N
     checks = [
         ("rows % 64 == 0", f"x.shape[{rows_dim}] (M) must be a multiple of 64"),
         ("cols % 64 == 0", f"x.shape[{cols_dim}] (N) must be a multiple of 64"),
-        ("ceil_div(rows, 128) <= 65535", f"x.shape[{rows_dim}] (M) must be at most 128 * 65535"),
+        (f"ceil_div(cols, {_TILE_COLS}) <= 65535",
+         f"x.shape[{cols_dim}] (N) must be at most {_TILE_COLS_TEXT}"),
         (f"{_EMPTY} || {row_stride} % 4 == 0",
          f"x.stride({rows_dim}) (the row stride) must be a multiple of 4 elements"),
         (f"{_EMPTY} || reinterpret_cast<uintptr_t>(x.data) % (4 * dtype_bytes(x.dtype)) == 0",

@@ -1,5 +1,6 @@
-"""One call of every op (first prebuilt config, odd token counts so the last block is
-partial, strided inputs where allowed), for ``compute-sanitizer --tool memcheck``."""
+"""One call of every op (first prebuilt config, and every transpose dtype; odd token counts
+so the last block is partial, strided inputs where allowed), for ``compute-sanitizer
+--tool memcheck``."""
 
 import torch
 
@@ -21,7 +22,9 @@ if kernels.get("quant.per_token_cast", {}).get("configs"):
     quant.per_token_cast(x(1001, 7168), "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
 if kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs"):
     quant.swiglu_forward_and_per_token_cast(x(1001, 4096), "e4m3", 128)
-if kernels.get("transpose.batched_transpose", {}).get("configs"):
-    transpose.batched_transpose(x(3 * 448, 384).view(3, 448, 384)[:, :, :320])
+for cfg in kernels.get("transpose.batched_transpose", {}).get("configs", []):
+    # every dtype (each has its own tile shape); edge tiles in both dims, padded rows
+    dtype = getattr(torch, cfg["config"]["dtype"])
+    transpose.batched_transpose(x(3 * 448, 384, dtype).view(3, 448, 384)[:, :, :320])
 torch.cuda.synchronize()
 print("memcheck_ops: done")
