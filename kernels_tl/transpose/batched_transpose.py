@@ -22,9 +22,10 @@ and N, and full tiles take a branch without any predicate.  Every thread
 moves 8 chunks (128 bytes) in and 128 bytes out: 256 threads for each dtype.
 
 1. global -> shared: consecutive threads take consecutive 16-byte chunks of
-   the tile, row-major (a 128-byte line per 8 threads; a tile row is 2 (bf16),
-   4 (fp32) or 1 (fp8) lines).  A thread's 8 loads are all issued before its
-   first shared store (checked in the SASS for sm_90a and sm_100a).
+   the tile, row-major (a 128-byte line per 8 threads; a tile row is 2 (bf16,
+   fp8) or 4 (fp32) lines).  On the full-tile path a thread's 8 loads are all
+   issued before its first shared store (checked in the SASS of every config
+   for sm_90a and sm_100a).
 2. shared -> registers -> global: after one barrier each thread owns *units*
    of ``P`` output rows x one 16-byte output chunk, ``P`` = elements per
    32-bit word.  A unit reads one word column of the tile across ``V`` = 16 /
@@ -124,6 +125,8 @@ bf16 / 16384 x 8192 bf16 / 8192 x 2048 fp32 / 8192 x 8192 fp8):
 
 Kept: M innermost, bf16 128 x 128, fp32 64 x 128, fp8 128 x 256, 3 blocks
 (96 KiB of tiles) per SM for each dtype: 34.5 / 132.0 / 34.7 / 35.0-35.2.
+ptxas: 53-56 registers for every config on both archs, no spills.  Streaming
+(``st.global.cs``) stores were 0.2-0.3 us slower.
 """
 
 from tilelang import language as T

@@ -1,6 +1,7 @@
 """The bench CLI's pieces that need no GPU: it refuses to run without one, and its
-report shows every measured column, TileKernels' rows when they were measured, and a
-TileKernels failure instead of dropping it."""
+report shows every measured column, TileKernels' rows when they were measured, a
+TileKernels failure instead of dropping it, and the ops a build from another shape table
+could not run."""
 
 import subprocess
 import sys
@@ -43,6 +44,17 @@ def test_no_tilekernels_table_without_its_rows():
     text = bench.format_table({"gpu": "GPU", "torch": "2.x", "date": "d", "copy_tbs": 4.0, "first_call_ms": 1.0,
                                "rows": [_row("moe.topk_gate", 8192)]})
     assert "TileKernels" not in text
+
+
+def test_report_lists_ops_skipped_for_a_build_without_their_shape():
+    result = {"gpu": "GPU", "torch": "2.x", "date": "d", "copy_tbs": 4.0, "first_call_ms": None,
+              "rows": [_row("transpose.transpose", 8192)],
+              "skipped": [{"op": "moe.topk_gate", "num_tokens": 8192,
+                           "reason": "moe.topk_gate: no prebuilt kernel for num_experts=256"}]}
+    lines = bench.format_table(result).splitlines()
+    assert lines[0].endswith("first call in a fresh process not measured (no prebuilt moe.topk_gate)")
+    assert lines[-1] == "Skipped moe.topk_gate at 8192 tokens: moe.topk_gate: no prebuilt kernel for num_experts=256"
+    assert sum(line.startswith("| transpose.transpose | 8192 |") for line in lines) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
