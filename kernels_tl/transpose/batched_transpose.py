@@ -121,7 +121,8 @@ bf16 / 16384 x 8192 bf16 / 8192 x 2048 fp32 / 8192 x 8192 fp8):
   35.0-35.2 (the best; 256 x 256 35.5, 128 x 512 35.9);
 * 4 or 16 chunks per thread instead of 8: within 0.2 us; bf16 128 x 256 or
   256 x 128 tiles with 16 chunks per thread (256 threads, 3 blocks per SM):
-  34.9 against 34.3 in the same run.
+  34.9 against 34.3 in the same run; smaller bf16 tiles, 64 x 128 or 128 x 64
+  with 6 blocks per SM: 35.7-35.8 and 37.6-37.7.
 
 Kept: M innermost, bf16 128 x 128, fp32 64 x 128, fp8 128 x 256, 3 blocks
 (96 KiB of tiles) per SM for each dtype: 34.5 / 132.0 / 34.7 / 35.0-35.2.
