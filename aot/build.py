@@ -24,12 +24,25 @@ from aot import stubgen
 from aot.cubin import cubin_arch, has_ptx
 from aot.table import config_key, load_table
 
-KERNEL_MODULES = (
-    "moe.topk_gate",
-    "quant.per_token_cast",
-    "quant.swiglu_forward_and_per_token_cast",
-    "transpose.batched_transpose",
-)
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels_tl"
+
+
+def kernel_names() -> tuple:
+    """Every kernel the tree defines, sorted: ``family.op`` for each
+    ``kernels_tl/<family>/<op>.py`` that exports a ``KERNEL`` spec (a new family or op
+    needs no registration here).  A spec must carry its module's name."""
+    names = []
+    for path in sorted(KERNELS_DIR.glob("*/*.py")):
+        if path.stem.startswith("_"):
+            continue
+        name = f"{path.parent.name}.{path.stem}"
+        spec = getattr(lw.kernel_module(name), "KERNEL", None)
+        if spec is None:
+            continue
+        if spec.name != name:
+            raise ValueError(f"kernels_tl/{path.parent.name}/{path.name}: KERNEL.name is {spec.name!r}, expected {name!r}")
+        names.append(name)
+    return tuple(names)
 
 
 def cubin_name(kernel: str, config: dict) -> str:
@@ -64,10 +77,11 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     out = Path(out)
     cache_dir = Path(os.environ.get("TKA_CACHE_DIR", Path(__file__).resolve().parent.parent / "build" / "aot-cache"))
     table = load_table(table_path)
-    unknown = [k for k in table if k not in KERNEL_MODULES]
+    kernels = kernel_names()
+    unknown = [k for k in table if k not in kernels]
     if unknown:
-        raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {list(KERNEL_MODULES)}")
-    tasks = [(k, cfg, arch) for k in KERNEL_MODULES for cfg in table.get(k, []) for arch in archs]
+        raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {list(kernels)}")
+    tasks = [(k, cfg, arch) for k in kernels for cfg in table.get(k, []) for arch in archs]
     log(f"aot build: {len(tasks)} kernels ({len(archs)} archs) from {table_path} with {jobs} jobs")
     results = {}
     started = time.time()
@@ -85,7 +99,7 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     manifest = {"schema_version": mf.SCHEMA_VERSION, "toolchain": mf.toolchain(), "archs": list(archs),
                 "table": Path(table_path).name, "kernels": {}, "ops": []}
     units = []
-    for k in KERNEL_MODULES:
+    for k in kernels:
         module = lw.kernel_module(k)
         spec = module.KERNEL
         entry = {"static": list(spec.static), "bytes": spec.bytes, "configs": []}
