@@ -3,8 +3,9 @@
 #   here:   wheels/build.sh --table aot/shapes/<table>.toml      (cp312 wheel into wheels/dist/)
 #   device: run(command="bash wheels/gpu_run.sh", carry=["wheels/dist"])
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
-# JIT disabled, compute-sanitizer memcheck on one config per op, and the bench; everything
-# lands in $OUT (gpu-tests.log, memcheck.log, bench.json, bench.md).
+# JIT disabled, compute-sanitizer (memcheck, racecheck, synccheck) on one call per op and path,
+# and the bench; everything lands in $OUT (gpu-tests.log, memcheck.log, racecheck.log,
+# synccheck.log, bench.json, bench.md).
 # TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels
 # beside ours: a folder, or the .tar.xz that wheels/tilekernels_site.sh makes (unpacked here
 # first); the tests never see it.
@@ -26,8 +27,14 @@ if [[ ${TKA_SKIP_TESTS:-0} != 1 ]]; then
   status=${PIPESTATUS[0]}
 fi
 if [[ ${TKA_SKIP_MEMCHECK:-0} != 1 ]]; then
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 "$repo/tests/gpu/memcheck_ops.py" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)"; tail -3 "$OUT/memcheck.log"
+  # memcheck: out-of-bounds and misaligned accesses; racecheck: shared-memory hazards;
+  # synccheck: barriers reached by part of a block
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 "$repo/tests/gpu/memcheck_ops.py" > "$OUT/$tool.log" 2>&1
+    rc=$?
+    echo "$tool exit $rc ($(grep -cE 'SUMMARY: 0 (errors|hazards)' "$OUT/$tool.log") clean summaries)"; tail -3 "$OUT/$tool.log"
+    [[ $rc == 0 ]] || status=$rc
+  done
 fi
 if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
   if [[ ${TKA_BENCH_SITE:-} == *.tar.xz ]]; then

@@ -97,6 +97,14 @@ a 32-register cap on sm_90a (64 warps per SM), 22.4-22.5 us against 23.2 for the
 4 rows with 12 blocks: 22.7-23.0, 2 rows with 24 blocks: 22.7-22.8).  Packed
 UE8M0 spills at 32 registers and keeps 40.
 
+Round 4 (issue 2): the model above used nvcc's IEEE divide.  With this kernel's
+``fast_quotient`` and no range check, straight-line CUDA C runs 21.1-21.7 us; the
+per-lane range check costs 0.7-0.8 us (every load is issued before any math, and the
+math waits for the check), so the guard, not the exact math, is the remaining gap.
+Checking after the fast pass and redoing out-of-range lanes, loads inside each option
+variant, or l / 4 over d / 4 without a check were all slower (spills at 32 registers,
+or two more instructions per element); numbers in BENCHMARKS.md.
+
 Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
 ``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}:
 8 configs (16 cubins) cover DESIGN.md's coverage -- every hidden that is a

@@ -1,6 +1,7 @@
 """One call of every op (first prebuilt config, and every transpose dtype; odd token counts
-so the last block is partial, strided inputs where allowed), for ``compute-sanitizer
---tool memcheck``."""
+so the last block is partial, strided inputs where allowed), plus the paths that use shared
+memory and barriers (one group per row; the clamp counters with their atomics), for
+``compute-sanitizer`` (``--tool memcheck`` and ``--tool racecheck``)."""
 
 import torch
 
@@ -22,6 +23,20 @@ if kernels.get("quant.per_token_cast", {}).get("configs"):
     quant.per_token_cast(x(1001, 7168), "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
 if kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs"):
     quant.swiglu_forward_and_per_token_cast(x(1001, 4096), "e4m3", 128)
+    # weights, skipped rows, clamp and counters (shared-memory block sums, int64 atomics)
+    pos = torch.randint(-1, 1001 * 4, (1001,), generator=g, device="cuda", dtype=torch.int32)
+    quant.swiglu_forward_and_per_token_cast(
+        x(1001, 4096), "e4m3", 128, pos_to_token_topk=pos, topk_weights=torch.rand(1001, 4, generator=g, device="cuda"),
+        pos_to_expert=torch.randint(-1, 3, (1001,), generator=g, device="cuda", dtype=torch.int32),
+        swiglu_clamp_value=1.5, clamped_count=torch.zeros(3, dtype=torch.int64, device="cuda"))
+configs = [c["config"] for c in kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs", [])]
+if any(c["max_row_hidden"] > 0 and c["in_dtype"] == "bfloat16" for c in configs):
+    # one group per row: the block max goes through shared memory
+    quant.swiglu_forward_and_per_token_cast(x(301, 2 * 7168), "e4m3", 7168, swiglu_clamp_value=1.5,
+                                            clamped_count=torch.zeros(3, dtype=torch.int64, device="cuda"))
+configs = [c["config"] for c in kernels.get("quant.per_token_cast", {}).get("configs", [])]
+if any(c == {"fmt": "e4m3", "group": 0, "in_dtype": "bfloat16"} for c in configs):
+    quant.per_token_cast(x(301, 7168), "e4m3", 7168)  # one group per row: warp maxima in shared memory
 for cfg in kernels.get("transpose.batched_transpose", {}).get("configs", []):
     # every dtype (each has its own tile shape); edge tiles in both dims, padded rows
     dtype = getattr(torch, cfg["config"]["dtype"])
