@@ -87,9 +87,9 @@ time better with 20% more warps).
 Round 2 (device time now from 64-launch graphs, repeats within ~0.2 us).  The
 kernel measured 23.1-24.1 us.  A CUDA C model of it (same layout and math, a
 `.device/` probe, not shipped) ran in the same time with the exact ``expf`` and
-divide and 21.8-22.3 us with ``__expf`` / ``__fdividef``: the exact math that
-keeps the output bit-identical to the reference costs ~1.4 us and is the floor
-of this design.  Sector-complete loads (each load instruction 512 contiguous
+divide and 21.8-22.3 us with ``__expf`` / ``__fdividef`` (read then as the cost
+of the exact math; round 4 found the model's IEEE divide, not the exact math,
+made the difference).  Sector-complete loads (each load instruction 512 contiguous
 bytes) and software pipelining across rows were slower (23.8 and 26-29 us).
 What helped is a shorter drain: 4 rows (128 threads) per block instead of 8 and
 a 32-register cap on sm_90a (64 warps per SM), 22.4-22.5 us against 23.2 for the

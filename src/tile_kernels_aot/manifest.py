@@ -12,6 +12,12 @@ def load() -> dict:
     return json.loads(MANIFEST_PATH.read_text())
 
 
+def configs(kernel: str) -> list:
+    """The static configs of ``kernel`` (``'family.op'``) this bundle holds, in build order
+    (empty when the bundle has none)."""
+    return [c["config"] for c in load()["kernels"].get(kernel, {}).get("configs", [])]
+
+
 def op_bytes(op: str, dims: dict) -> int:
     """The bytes one launch of ``op`` (``'module.name'``) must move, from its kernel spec's formula."""
     for record in load()["ops"]:

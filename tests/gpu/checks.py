@@ -10,7 +10,7 @@ def prebuilt_configs(kernel: str) -> list:
     except ImportError:
         return []
     try:
-        return [c["config"] for c in manifest.load()["kernels"].get(kernel, {}).get("configs", [])]
+        return manifest.configs(kernel)
     except FileNotFoundError:
         return []
 

@@ -7,7 +7,6 @@ import torch
 
 from tile_kernels_aot import manifest, moe, quant, transpose
 
-kernels = manifest.load()["kernels"]
 g = torch.Generator(device="cuda").manual_seed(0)
 
 
@@ -15,13 +14,13 @@ def x(n, h, dtype=torch.bfloat16):
     return torch.randn(n, h, generator=g, device="cuda").to(dtype)
 
 
-if kernels.get("moe.topk_gate", {}).get("configs"):
-    e = kernels["moe.topk_gate"]["configs"][0]["config"]["num_experts"]
+if manifest.configs("moe.topk_gate"):
+    e = manifest.configs("moe.topk_gate")[0]["num_experts"]
     moe.topk_gate(torch.randn(1001, e, generator=g, device="cuda"), min(9, e))
-if kernels.get("quant.per_token_cast", {}).get("configs"):
+if manifest.configs("quant.per_token_cast"):
     quant.per_token_cast(x(1001, 2048), "e4m3", 128)
     quant.per_token_cast(x(1001, 7168), "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
-if kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs"):
+if manifest.configs("quant.swiglu_forward_and_per_token_cast"):
     quant.swiglu_forward_and_per_token_cast(x(1001, 4096), "e4m3", 128)
     # weights, skipped rows, clamp and counters (shared-memory block sums, int64 atomics)
     pos = torch.randint(-1, 1001 * 4, (1001,), generator=g, device="cuda", dtype=torch.int32)
@@ -29,17 +28,16 @@ if kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs"):
         x(1001, 4096), "e4m3", 128, pos_to_token_topk=pos, topk_weights=torch.rand(1001, 4, generator=g, device="cuda"),
         pos_to_expert=torch.randint(-1, 3, (1001,), generator=g, device="cuda", dtype=torch.int32),
         swiglu_clamp_value=1.5, clamped_count=torch.zeros(3, dtype=torch.int64, device="cuda"))
-configs = [c["config"] for c in kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs", [])]
-if any(c["max_row_hidden"] > 0 and c["in_dtype"] == "bfloat16" for c in configs):
+if any(c["max_row_hidden"] > 0 and c["in_dtype"] == "bfloat16"
+       for c in manifest.configs("quant.swiglu_forward_and_per_token_cast")):
     # one group per row: the block max goes through shared memory
     quant.swiglu_forward_and_per_token_cast(x(301, 2 * 7168), "e4m3", 7168, swiglu_clamp_value=1.5,
                                             clamped_count=torch.zeros(3, dtype=torch.int64, device="cuda"))
-configs = [c["config"] for c in kernels.get("quant.per_token_cast", {}).get("configs", [])]
-if any(c == {"fmt": "e4m3", "group": 0, "in_dtype": "bfloat16"} for c in configs):
+if {"fmt": "e4m3", "group": 0, "in_dtype": "bfloat16"} in manifest.configs("quant.per_token_cast"):
     quant.per_token_cast(x(301, 7168), "e4m3", 7168)  # one group per row: warp maxima in shared memory
-for cfg in kernels.get("transpose.batched_transpose", {}).get("configs", []):
+for cfg in manifest.configs("transpose.batched_transpose"):
     # every dtype (each has its own tile shape); edge tiles in both dims, padded rows
-    dtype = getattr(torch, cfg["config"]["dtype"])
+    dtype = getattr(torch, cfg["dtype"])
     transpose.batched_transpose(x(3 * 448, 384, dtype).view(3, 448, 384)[:, :, :320])
 torch.cuda.synchronize()
 print("memcheck_ops: done")

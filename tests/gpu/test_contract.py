@@ -105,22 +105,21 @@ sys.meta_path.insert(0, Block())
 import torch
 from tile_kernels_aot import manifest, moe, quant, transpose
 from tile_kernels_aot.torch import moe as rmoe, quant as rquant, swiglu as rswiglu, transpose as rtranspose
-kernels = manifest.load()["kernels"]
 g = torch.Generator(device="cuda").manual_seed(1)
 checks = 0
-for c in kernels.get("moe.topk_gate", {}).get("configs", [])[:1]:
-    s = torch.randn(300, c["config"]["num_experts"], generator=g, device="cuda")
+for c in manifest.configs("moe.topk_gate")[:1]:
+    s = torch.randn(300, c["num_experts"], generator=g, device="cuda")
     assert torch.equal(moe.topk_gate(s, 2), rmoe.topk_gate(s, 2)); checks += 1
-if kernels.get("quant.per_token_cast", {}).get("configs"):
+if manifest.configs("quant.per_token_cast"):
     x = torch.randn(300, 2048, generator=g, device="cuda").bfloat16()
     (a, b), (c, d) = quant.per_token_cast(x, "e4m3", 128), rquant.per_token_cast(x, "e4m3", 128)
     assert torch.equal(a.view(torch.uint8), c.view(torch.uint8)) and torch.equal(b, d); checks += 1
-if kernels.get("quant.swiglu_forward_and_per_token_cast", {}).get("configs"):
+if manifest.configs("quant.swiglu_forward_and_per_token_cast"):
     x = torch.randn(300, 4096, generator=g, device="cuda").bfloat16()
     (a, b) = quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
     (c, d) = rswiglu.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
     assert torch.equal(a.view(torch.uint8), c.view(torch.uint8)) and torch.equal(b, d); checks += 1
-if kernels.get("transpose.batched_transpose", {}).get("configs"):
+if manifest.configs("transpose.batched_transpose"):
     x = torch.randn(256, 320, generator=g, device="cuda").bfloat16()
     assert torch.equal(transpose.transpose(x), rtranspose.transpose(x)); checks += 1
 assert not any(m.split(".")[0] in ("tilelang", "tvm", "tvm_ffi") for m in sys.modules)
