@@ -27,6 +27,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_replay_last_launch", [](int64_t n) {
     if (!tka::replay_last_launch(n)) throw py::error_already_set();
   }, "Re-issue this thread's last kernel launch n times with bare cuLaunchKernel calls (bench baseline).");
+  m.def("empty_cache", &tka::release_kept_outputs,
+        "Hand the memory of freed outputs kept for reuse back to torch's caching allocator.");
   for (int i = 0; tka::kOps[i].module != nullptr; ++i) {
     const tka::OpDef& op = tka::kOps[i];
     py::module_ sub;

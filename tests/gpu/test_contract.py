@@ -1,5 +1,6 @@
 """The launch contract, for every op: bit-identical reruns, per-token rows independent of
-the batch, CUDA graph capture and replay, a non-default stream, empty inputs, and no JIT."""
+the batch, CUDA graph capture and replay, a non-default stream, empty inputs, reuse of freed
+output memory, and no JIT."""
 
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import tile_kernels_aot
 from tile_kernels_aot import moe, quant, transpose
 
 from checks import assert_bits_equal, prebuilt_configs
@@ -93,6 +95,90 @@ def test_empty_input(name, call, per_token, gen):
     for f, e in zip(full, empty):
         assert e.shape[0] == 0 or e.shape[1] == 0 or e.numel() == 0
         assert e.dtype == f.dtype and e.device == f.device
+
+
+def _pointers(outputs):
+    return {t.data_ptr() for t in outputs}
+
+
+@pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
+def test_freed_outputs_reused_on_their_stream_only(name, call, per_token, gen):
+    """A small call's outputs, once freed, back the next call on the same stream; a live
+    output is never reused, and another stream allocates afresh."""
+    tile_kernels_aot.empty_cache()
+    fn, args = call(128, gen)
+    _, other = call(128, gen)
+    expected, expected_other = _outputs(fn(*args)), _outputs(fn(*other))
+    first = _outputs(fn(*args))
+    freed = _pointers(first)
+    del first
+    second = _outputs(fn(*other))
+    assert _pointers(second) == freed, f"{name}: freed output memory was not reused"
+    third = _outputs(fn(*args))  # `second` is alive: fresh memory
+    assert not _pointers(third) & _pointers(second)
+    for a, b in zip(expected_other, second):
+        assert_bits_equal(b, a, f"{name} output in reused memory")
+    for a, b in zip(expected, third):
+        assert_bits_equal(b, a, f"{name} output beside a live one")
+    del second
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        on_stream = _outputs(fn(*args))
+        assert not _pointers(on_stream) & freed, f"{name}: another stream's freed memory was reused"
+        kept = _pointers(on_stream)
+        del on_stream
+        again = _outputs(fn(*other))
+        assert _pointers(again) == kept
+    stream.synchronize()
+    for a, b in zip(expected_other, again):
+        assert_bits_equal(b, a, f"{name} side stream, reused memory")
+
+
+@pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
+def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
+    """A capture takes no freed eager memory, and outputs freed inside a capture (the graph
+    pool's) back no eager call: eager outputs alive across a replay stay intact."""
+    tile_kernels_aot.empty_cache()
+    fn, args = call(128, gen)
+    _, other = call(128, gen)
+    expected, expected_other = _outputs(fn(*args)), _outputs(fn(*other))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        freed = _pointers(_outputs(fn(*other)))  # freed at once: kept for this stream
+        with torch.cuda.graph(graph, stream=stream):
+            _outputs(fn(*args))  # an intermediate, freed inside the capture
+            captured = _outputs(fn(*args))
+        assert not _pointers(captured) & freed, f"{name}: the capture took freed eager memory"
+        eager = [_outputs(fn(*other)) for _ in range(3)]
+    for t in captured:
+        t.zero_() if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(expected, captured):
+        assert_bits_equal(b, a, f"{name} graph replay")
+    for outputs in eager:
+        for a, b in zip(expected_other, outputs):
+            assert_bits_equal(b, a, f"{name} eager output across a replay")
+
+
+def test_empty_cache_returns_kept_memory(gen):
+    """Freed small outputs stay allocated (kept for reuse) until empty_cache(); large ones
+    go straight back to torch."""
+    x = torch.randn(128, 2048, generator=gen, device="cuda").bfloat16()
+    tile_kernels_aot.empty_cache()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    quant.per_token_cast(x, "e4m3", 128)
+    assert torch.cuda.memory_allocated() > base
+    tile_kernels_aot.empty_cache()
+    assert torch.cuda.memory_allocated() == base
+    big = torch.randn(4096, 2048, generator=gen, device="cuda").bfloat16()  # 8 MiB of fp8 out
+    base = torch.cuda.memory_allocated()
+    quant.per_token_cast(big, "e4m3", 128)
+    assert torch.cuda.memory_allocated() == base
 
 
 NO_JIT_PROCESS = """

@@ -36,6 +36,7 @@ struct Driver {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
+  CUresult (*cuStreamIsCapturing)(CUstream, int*);  // status: 0 none, 1 active, 2 invalidated
 };
 
 // The resolved table, or nullptr with `error` set when no usable driver exists.

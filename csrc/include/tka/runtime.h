@@ -91,10 +91,13 @@ struct Output {
 constexpr int kMaxOutputs = 8;
 // The `n` outputs of a call: each `given[i]` (borrowed; nullptr or None when not
 // passed) is a caller's out= tensor, checked against specs[i]; the others are
-// allocated on `device`, together, in one allocation.
+// allocated on `device`, together, in one allocation; a small one may be a recently
+// freed allocation of an earlier call on the same device and stream.
 bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
                   int device, Output* outs);
 void dense_strides(OutSpec* spec);
+// Hands the output memory kept for reuse (see make_outputs) back to torch's allocator.
+void release_kept_outputs();
 
 // ---- kernels
 struct Geometry {
