@@ -1,6 +1,7 @@
 """One call of every op (first prebuilt config, and every transpose dtype; odd token counts
 so the last block is partial, strided inputs where allowed), plus the paths that use shared
-memory and barriers (one group per row; the clamp counters with their atomics), for
+memory and barriers (one group per row; the clamp counters with their atomics) and outputs
+in reused memory (freed outputs back smaller calls), for
 ``compute-sanitizer`` (``--tool memcheck`` and ``--tool racecheck``)."""
 
 import torch
@@ -39,5 +40,10 @@ for cfg in manifest.configs("transpose.batched_transpose"):
     # every dtype (each has its own tile shape); edge tiles in both dims, padded rows
     dtype = getattr(torch, cfg["dtype"])
     transpose.batched_transpose(x(3 * 448, 384, dtype).view(3, 448, 384)[:, :, :320])
+if manifest.configs("quant.per_token_cast"):
+    # each call's outputs are freed at once and back the next, smaller call (kept memory is
+    # reused for requests down to half its size)
+    for n in (256, 200, 131, 129, 7):
+        quant.per_token_cast(x(n, 2048), "e4m3", 128)
 torch.cuda.synchronize()
 print("memcheck_ops: done")
