@@ -82,6 +82,7 @@ def test_import_needs_no_gpu_driver_or_tilelang():
         "    tk.moe.topk_gate(torch.randn(2, 256), 2)\n"
         "except ValueError as e:\n"
         "    assert 'CUDA' in str(e), e\n"
+        "tk.empty_cache()  # nothing kept, no driver needed\n"
         "print('ok')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
