@@ -65,6 +65,16 @@ def test_row_independent_of_batch(name, call, per_token, gen):
                 raise AssertionError("unexpected layout")
 
 
+def _assert_replay_writes(graph, captured, expected, name):
+    """Zeroes the graph's outputs, replays it and checks that it wrote `expected` into them."""
+    for t in captured:
+        t.zero_() if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(expected, captured):
+        assert_bits_equal(b, a, f"{name} graph replay")
+
+
 @pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
 def test_cuda_graph_and_side_stream(name, call, per_token, gen):
     fn, args = call(512, gen)
@@ -79,12 +89,7 @@ def test_cuda_graph_and_side_stream(name, call, per_token, gen):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _outputs(fn(*args))
-    for t in captured:
-        t.zero_() if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(expected, captured):
-        assert_bits_equal(b, a, f"{name} graph replay")
+    _assert_replay_writes(graph, captured, expected, name)
 
 
 @pytest.mark.parametrize("name,call,per_token", [c for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]])
@@ -153,12 +158,7 @@ def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
             captured = _outputs(fn(*args))
         assert not _pointers(captured) & freed, f"{name}: the capture took freed eager memory"
         eager = [_outputs(fn(*other)) for _ in range(3)]
-    for t in captured:
-        t.zero_() if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(expected, captured):
-        assert_bits_equal(b, a, f"{name} graph replay")
+    _assert_replay_writes(graph, captured, expected, name)
     for outputs in eager:
         for a, b in zip(expected_other, outputs):
             assert_bits_equal(b, a, f"{name} eager output across a replay")
