@@ -1,9 +1,10 @@
 """Stage 1: lower one (kernel, static config, arch) with TileLang.
 
 The result is plain data: the CUDA source, the kernel's entry symbol, its
-parameters in device order, and its launch geometry (grid, block, dynamic
-shared memory) as C++ expressions over the kernel's dynamic variables.  This
-stage needs TileLang but no GPU.
+parameters in device order, its launch geometry (grid, block, dynamic
+shared memory) as C++ expressions over the kernel's dynamic variables, and
+whether it waits for the previous grid itself (programmatic dependent launch).
+This stage needs TileLang but no GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class LoweredKernel:
     grid: list  # 3 C++ expressions
     block: list  # 3 ints
     dyn_smem: str  # C++ expression (bytes)
+    # The kernel waits for the previous grid in the stream before touching memory
+    # (``pdl_sync``), so it may be launched to overlap that grid's tail.
+    pdl: bool
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -89,7 +93,7 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     dyn_smem = to_cpp(geometry.get("tirx.use_dyn_shared_memory", 0))
     return LoweredKernel(
         kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
-        params=params, grid=grid, block=block, dyn_smem=dyn_smem,
+        params=params, grid=grid, block=block, dyn_smem=dyn_smem, pdl="has_cuda_pdl_sync" in dfunc.attrs,
     )
 
 

@@ -1,7 +1,8 @@
 """Stage 3: the manifest -- what a bundle holds, as JSON.
 
 It records the toolchain and, per kernel and static config, each arch's cubin
-(file, sha256, size), entry symbol, parameters and launch geometry, plus the
+(file, sha256, size), entry symbol, parameters, launch geometry and whether it
+may be launched as a programmatic dependent of the previous grid, plus the
 public ops with their signatures and byte formulas.  The runtime package
 installs it; ``python -m tile_kernels_aot info`` and the bench read it.
 """
@@ -47,6 +48,7 @@ def kernel_build_record(lowered, cubin_rel: str, cubin_bytes: bytes) -> dict:
         "grid": lowered.grid,
         "block": lowered.block,
         "dyn_smem": lowered.dyn_smem,
+        "pdl": lowered.pdl,
     }
 
 

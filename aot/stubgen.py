@@ -138,7 +138,9 @@ def _launcher(fn: str, build: dict, fields: list, kernel_name: str) -> str:
     grid = ", ".join(build["grid"])
     block = ", ".join(str(b) for b in build["block"])
     lines.append(f"  const Geometry g{{{{{grid}}}, {{{block}}}, {build['dyn_smem']}}};\n")
-    lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, {cpp_string(build['entry'])}}};\n")
+    pdl = "true" if build["pdl"] else "false"
+    lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, "
+                 f"{cpp_string(build['entry'])}, {pdl}}};\n")
     lines.append(f"  return launch(op, &entry, device, g, s, {len(names)});\n}}\n")
     return "".join(lines)
 

@@ -51,6 +51,7 @@ void load() {
   resolve("cuLibraryGetKernel", g_driver.cuLibraryGetKernel);
   resolve("cuKernelSetAttribute", g_driver.cuKernelSetAttribute);
   resolve("cuLaunchKernel", g_driver.cuLaunchKernel);
+  resolve("cuLaunchKernelEx", g_driver.cuLaunchKernelEx);
   resolve("cuStreamIsCapturing", g_driver.cuStreamIsCapturing);
   if (!ok) return;
   CUresult r = g_driver.cuInit(0);

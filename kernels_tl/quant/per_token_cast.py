@@ -115,6 +115,7 @@ fp32, not measured, keeps 8 pieces (still 32 values per thread).
 """
 
 from tilelang import language as T
+from tilelang.cuda.language import pdl_sync, pdl_trigger
 
 from kernels_tl.spec import Bool, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
@@ -246,6 +247,10 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
         read_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * lanes_per_row, THREADS), threads=THREADS) as bid:
+            # Programmatic dependent launch: wait for the previous grid in the stream before any
+            # memory access, then let the next grid start its blocks while this one drains.
+            pdl_sync()
+            pdl_trigger()
             tid = T.get_thread_binding()
             # Rows start on 16-byte boundaries (checked by the host): every piece is one vector load.
             T.assume(x_stride % piece == 0)

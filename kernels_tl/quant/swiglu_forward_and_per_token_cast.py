@@ -113,6 +113,7 @@ inputs, clamp and round_sf (4 configs if only bf16 inputs are shipped).
 """
 
 from tilelang import language as T
+from tilelang.cuda.language import pdl_sync, pdl_trigger
 
 from kernels_tl.spec import Bool, Float, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
@@ -411,6 +412,10 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
     def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
         with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), grid_y, threads=threads) as (bx, by):
+            # Programmatic dependent launch: wait for the previous grid in the stream before any
+            # memory access, then let the next grid start its blocks while this one drains.
+            pdl_sync()
+            pdl_trigger()
             T.annotate_min_blocks_per_sm(min_blocks)
             tid = T.get_thread_binding()
             lane = tid % WARP
@@ -515,6 +520,10 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
     def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
         with T.Kernel(num_tokens, threads=threads) as row:
+            # Programmatic dependent launch: wait for the previous grid in the stream before any
+            # memory access, then let the next grid start its blocks while this one drains.
+            pdl_sync()
+            pdl_trigger()
             tid = T.get_thread_binding()
             x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)  # see _group_body
             W = C // per_word  # input words per chunk and half

@@ -6,7 +6,9 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   over input sets larger than L2, so the time is DRAM time, not cache time,
   and the graph's own launch cost is spread over many kernels;
 * kernel time: the CUPTI duration of the same launches (``torch.profiler``),
-  i.e. the kernels alone, without the gaps between them;
+  i.e. the kernels alone, without the gaps between them (issued one at a time:
+  a kernel launched as a programmatic dependent of a running one would start
+  early and count its wait for it);
 * eager time per call, outputs passed in (``out=``) and allocated by the call,
   from a pipelined loop (what a caller on the hot path sees);
 * the bare ``cuLaunchKernel`` cost of the same kernel with the same arguments,
@@ -111,7 +113,9 @@ def _graph_time_us(calls, reps=20):
 def _kernel_time_us(calls, rounds=4):
     """GPU kernel time of one call from CUPTI (``torch.profiler``): the summed
     durations of every kernel the calls launched, over the number of calls.  The
-    calls are issued eagerly, cycling over the input sets."""
+    calls are issued eagerly, cycling over the input sets, each after the previous
+    one has finished (our kernels start as programmatic dependents of a running
+    predecessor, and their duration would then include the wait for it)."""
     from torch.profiler import ProfilerActivity, profile
 
     launches = _cycle(calls, 16)
@@ -124,7 +128,7 @@ def _kernel_time_us(calls, rounds=4):
             for _ in range(rounds):
                 for c in launches:
                     c()
-            torch.cuda.synchronize()
+                    torch.cuda.synchronize()
     total = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return total / (rounds * len(launches))
 

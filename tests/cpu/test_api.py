@@ -63,6 +63,7 @@ def test_manifest_is_complete_and_cubins_are_sass_only():
         for c in m["kernels"][kernel]["configs"]:
             assert set(c["builds"]) == set(m["archs"]), f"{kernel} {c['key']}: archs {set(c['builds'])}"
             for arch, b in c["builds"].items():
+                assert b["pdl"], f"{kernel} {c['key']} {arch}: every kernel waits for the previous grid (PDL)"
                 data = (kernel_dir / b["cubin"]).read_bytes()
                 assert hashlib.sha256(data).hexdigest() == b["sha256"]
                 assert cubin_arch(data) == arch and not has_ptx(data), b["cubin"]

@@ -75,6 +75,8 @@ def test_lowering_gives_entry_params_and_geometry(lowered):
     assert names["num_tokens"] == "int32"
     assert "num_tokens" in lowered.grid[0]
     assert lowered.block[0] > 0 and lowered.entry in lowered.source
+    # it waits for the previous grid before touching memory, so it may launch as its dependent
+    assert lowered.pdl and "cudaGridDependencySynchronize()" in lowered.source
 
 
 def test_cubin_is_cached_reproducible_and_sass_only(lowered, tmp_path, monkeypatch):

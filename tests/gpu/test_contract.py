@@ -164,6 +164,41 @@ def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
             assert_bits_equal(b, a, f"{name} eager output across a replay")
 
 
+@pytest.mark.skipif(not prebuilt_configs("transpose.batched_transpose"), reason="no transpose in this build")
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
+def test_back_to_back_calls_order_their_memory_accesses(graphed, gen):
+    """Kernels launch as programmatic dependents of the previous grid; each must still read
+    what the previous call wrote, and write only after the previous call has read."""
+    a0 = torch.randn(4096, 2048, generator=gen, device="cuda").bfloat16()
+    c = torch.randn(2048, 4096, generator=gen, device="cuda").bfloat16()
+    a, b, d = a0.clone(), torch.empty_like(c), torch.empty_like(a0)
+
+    def chain():
+        for _ in range(4):
+            transpose.transpose(a, out=b)  # b = a0^T
+            transpose.transpose(c, out=a)  # overwrites what the previous call reads
+            transpose.transpose(b, out=d)  # reads what the call before the previous wrote: d = a0
+            transpose.transpose(d, out=b)  # b = a0^T again, right after d was written
+            transpose.transpose(b, out=a)  # a = a0 for the next round
+
+    if graphed:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            chain()
+        for t in (b, d):
+            t.fill_(float("nan"))
+        a.copy_(a0)
+        graph.replay()
+    else:
+        chain()
+    torch.cuda.synchronize()
+    assert_bits_equal(a, a0, "a after the chain")
+    assert_bits_equal(d, a0, "d after the chain")
+    assert_bits_equal(b, a0.t().contiguous(), "b after the chain")
+
+
 def test_empty_cache_returns_kept_memory(gen):
     """Freed small outputs stay allocated (kept for reuse) until empty_cache(); large ones
     go straight back to torch."""

@@ -110,6 +110,7 @@ struct KernelEntry {
   const char* arch;
   const char* cubin;  // path relative to the package's kernels/ folder
   const char* entry;
+  bool pdl;  // waits for the previous grid itself: launched as its programmatic dependent
   std::atomic<cu::CUkernel> kernel{nullptr};
   std::mutex lock;
   std::atomic<uint64_t> smem_set[kMaxDevices] = {};  // dynamic smem limit raised, per device (+1)
@@ -120,8 +121,9 @@ union ParamSlot;
 // Launches `entry` on the current torch stream of `device`; `slots` hold the
 // kernel's `nparams` parameters in device order.
 bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, ParamSlot* slots, int nparams);
-// Re-issues this thread's last launch `n` times with bare cuLaunchKernel calls
-// (the bench's baseline for host overhead).
+// Re-issues this thread's last launch `n` times with bare cuLaunchKernel calls (the
+// bench's baseline for host overhead; plain launches, even for a kernel that the ops
+// launch as a programmatic dependent with cuLaunchKernelEx).
 bool replay_last_launch(int64_t n);
 // "not prebuilt" error listing the prebuilt configs.
 bool not_prebuilt(const char* op, const char* wanted, const char* prebuilt);
