@@ -24,9 +24,11 @@ PYBIND11_MODULE(_C, m) {
   const std::string kernels = package_dir() + "/kernels";
   tka::set_kernel_dir(kernels.c_str());
   m.attr("kernel_dir") = kernels;
-  m.def("_replay_last_launch", [](int64_t n) {
-    if (!tka::replay_last_launch(n)) throw py::error_already_set();
-  }, "Re-issue this thread's last kernel launch n times with bare cuLaunchKernel calls (bench baseline).");
+  m.def("_replay_last_launch", [](int64_t n, bool dependent) {
+    if (!tka::replay_last_launch(n, dependent)) throw py::error_already_set();
+  }, py::arg("n"), py::arg("dependent") = false,
+  "Re-issue this thread's last kernel launch n times with bare driver calls (bench baseline): plain "
+  "cuLaunchKernel, or with dependent=True cuLaunchKernelEx as a programmatic dependent, as the op launched it.");
   m.def("empty_cache", &tka::release_kept_outputs,
         "Hand the memory of freed outputs kept for reuse back to torch's caching allocator.");
   for (int i = 0; tka::kOps[i].module != nullptr; ++i) {

@@ -720,7 +720,7 @@ bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, Param
   return true;
 }
 
-bool replay_last_launch(int64_t n) {
+bool replay_last_launch(int64_t n, bool dependent) {
   const char* op = "_replay_last_launch";
   if (t_last.entry == nullptr) return runtime_error(op, "no launch on this thread yet");
   const cu::Driver* d = driver_or_error(op);
@@ -729,7 +729,7 @@ bool replay_last_launch(int64_t n) {
   for (int i = 0; i < t_last.nparams; ++i) params[i] = &t_last.slots[i];
   const Geometry& g = t_last.g;
   for (int64_t k = 0; k < n; ++k) {
-    cu::CUresult r = issue(d, t_last.entry, g, static_cast<cu::CUstream>(t_last.stream), params, false);
+    cu::CUresult r = issue(d, t_last.entry, g, static_cast<cu::CUstream>(t_last.stream), params, dependent);
     if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());
   }
   return true;

@@ -121,10 +121,10 @@ union ParamSlot;
 // Launches `entry` on the current torch stream of `device`; `slots` hold the
 // kernel's `nparams` parameters in device order.
 bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, ParamSlot* slots, int nparams);
-// Re-issues this thread's last launch `n` times with bare cuLaunchKernel calls (the
-// bench's baseline for host overhead; plain launches, even for a kernel that the ops
-// launch as a programmatic dependent with cuLaunchKernelEx).
-bool replay_last_launch(int64_t n);
+// Re-issues this thread's last launch `n` times with bare driver calls (the bench's
+// baseline for host overhead): plain cuLaunchKernel, or with `dependent` the op's own
+// launch (cuLaunchKernelEx as a programmatic dependent, for kernels that allow it).
+bool replay_last_launch(int64_t n, bool dependent);
 // "not prebuilt" error listing the prebuilt configs.
 bool not_prebuilt(const char* op, const char* wanted, const char* prebuilt);
 
