@@ -7,6 +7,7 @@ exactly this order (the contract of ``tile_kernels_aot/torch/swiglu.py``)::
 
     l, r = clamp(l, max=c), clamp(r, -c, c)          # only with swiglu_clamp_value c
     v    = ((l / (1 + expf(-l))) * r) * w            # w: the row's top-k weight (1 without)
+    (the quotient is -0 for l <= -87.5, where |l / (1 + expf(-l))| < 2^-119)
 
 and per row and scale group (128 channels, or the whole row)::
 
@@ -14,8 +15,9 @@ and per row and scale group (128 channels, or the whole row)::
     sf  = a / 448,  out = e4m3_satfinite(v * (448 / a))              # two IEEE divides
     round_sf: sf = 2^ceil(log2(a / 448)) (exponent bits), out = e4m3(v * 2^-that)
 
-Optional inputs are scalar flags of one kernel, not static parameters:
-``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]`` when
+Optional inputs are scalar flags of one kernel (the ``plain = 0`` configs); the
+``plain = 1`` configs are the same kernel for calls without any of them, the flags
+fixed at compile time: ``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]`` when
 ``pos >= 0``, else 0), ``pos_to_expert`` (rows < 0 are neither read nor
 counted; their ``out`` bytes and sf are written as zeros, as the reference
 defines them, so the output never depends on stale memory), the clamp, its
@@ -30,15 +32,15 @@ where ``torch.amax`` would propagate it.
 Design
 ------
 Groups of 128 channels (``max_row_hidden == 0``; ``hidden`` is dynamic):
-a block is 4 warps; warp ``w`` owns row ``4 * by + w`` and lane ``l`` owns the 16
+a block is 4 warps; warp ``w`` owns row ``4 * (65535 * bz + by) + w`` and lane ``l`` owns the 16
 channels ``16 * (32 * bx + l) ...``, so a warp covers 512 channels = four scale
-groups of 8 lanes.  A lane loads its 16 left and 16 right inputs as 16-byte
+groups of 8 lanes (lanes past the row, whole groups of the last ``bx``, read the
+row's last chunk again and store nothing, so that no load waits on a branch).  A lane loads its 16 left and 16 right inputs as 16-byte
 vectors (bf16 kept as 32-bit words: widening is one shift or mask), the group
 amax is three ``shfl.xor`` within 8 lanes, and the lane stores its 16 fp8 bytes
 as one 16-byte vector (a warp writes 512 contiguous bytes, reads 2 x 1 KiB).
-No shared memory and no barrier outside the counting path; the 2-D grid needs
-no per-thread integer division (more than 65535 row blocks are walked by a
-loop over ``by`` that otherwise runs once).  Scale factors: row-major fp32
+No shared memory and no barrier outside the counting path; the grid needs
+no per-thread integer division (row blocks past 65535 go to ``bz``).  Scale factors: row-major fp32
 (lanes 0/8/16/24 write 16 contiguous bytes), TMA-aligned column-major fp32
 (``out_sf[g * sf_stride + row]``), or packed UE8M0 column-major: a warp's four
 groups are exactly one int32 word of a row, OR-gathered with two ``shfl.xor``
@@ -50,12 +52,16 @@ both divides, which overlaps expf's latency and keeps its constants live.
 The divide (``fast_quotient``) is nvcc's ``div.rn.f32`` fast path -- approximate
 reciprocal, one Newton step, quotient, exact remainder, correction -- without its
 range check (FCHK) and slow-path branch: 6 instructions instead of 10 per element.
-It is exact whenever no intermediate leaves the normal range, which holds for
-d = 1 + expf(-l) whenever |l| < 64 (see ``fast_quotient``).  Each lane checks its
-16 raw ``l`` first (bf16: max of the magnitude bits, two channels per
-``__vmaxu2``; fp32: fmaxf of |l|) and runs either the fast-divide copy of the loop
-or the IEEE-divide copy (a lane-divergent branch, taken by real activations
-almost never); the raw inputs need not stay live for a redo.
+It is exact whenever no intermediate leaves the normal range (see
+``fast_quotient``).  bf16: every finite l > -87.5 is exact (checked for all of them
+on sm_90a); below, d >= 2^126, the approximate reciprocal flushes to zero and the
+quotient comes out -0 -- the contract's value there -- as long as d is finite, so
+``l`` is first raised to -88.5 (``max.NaN.bf16x2``, one instruction per two channels,
+NaN kept; the quotient of -88.5 is -0 too).  No check and no branch stand between the
+loads and the math.  fp32: each lane checks its 16 ``l`` first (fmaxf of |l| < 64)
+and runs the fast-divide copy of the loop or the IEEE-divide copy, which applies
+the l <= -87.5 rule itself (a lane-divergent branch, taken by real activations
+almost never).
 
 One group per row (``max_row_hidden > 0``, ``num_per_channels == hidden``,
 row-major fp32 sf only, as upstream): one 256-thread block per row, 16 bytes of
@@ -105,11 +111,24 @@ Checking after the fast pass and redoing out-of-range lanes, loads inside each o
 variant, or l / 4 over d / 4 without a check were all slower (spills at 32 registers,
 or two more instructions per element); numbers in BENCHMARKS.md.
 
+Round 5 (issue 2).  A sweep of the group kernel at the prefill shape (one H200,
+``.device/swsweep.sh``, three interleaved repeats) found two structural costs,
+each ~0.7 us: a branch around the loads (the old guard for lanes past the row)
+and a data-dependent branch between the loads and the math (the old bf16 range
+check).  With neither, ptxas issues the right half's loads after the left
+half's SiLU, and the kernel runs 21.2-21.4 us against 22.0-22.5 before.  Both are
+gone (clamped chunk index; the -88.5 floor above).  The six runtime option
+copies still cost ~0.7 us when they share the kernel (the loads are hoisted ahead
+of the option dispatch), hence the ``plain`` configs.  Trimming ~50 instructions
+per lane elsewhere (the grid walk, the zero-filled registers of skipped rows)
+gained ~0.1 us: the kernel is not issue-bound.  Numbers in BENCHMARKS.md.
+
 Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
-``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}:
-8 configs (16 cubins) cover DESIGN.md's coverage -- every hidden that is a
-multiple of 128, any number of tokens, every combination of the optional
-inputs, clamp and round_sf (4 configs if only bf16 inputs are shipped).
+``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}
+x ``plain`` (1: no optional input; 0: any): 16 configs (32 cubins) cover
+DESIGN.md's coverage -- every hidden that is a multiple of 128, any number of
+tokens, every combination of the optional inputs, clamp and round_sf (8 configs
+if only bf16 inputs are shipped).
 """
 
 from tilelang import language as T
@@ -126,7 +145,7 @@ GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
 # One row per warp, 4 rows (128 threads) per block: small blocks keep the drain of the last
 # blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see "Tuning").
 ROWS_PER_BLOCK = 4
-MAX_GRID_Y = 65535
+MAX_GRID_Y = 65535  # row blocks per grid column (the rest go to blockIdx.z)
 # Group mode: registers per thread, capped for occupancy (-> blocks per SM for ptxas), the
 # lowest that needs no spills: bf16 on sm_90a 32 (64 warps per SM), 40 with packed UE8M0
 # factors (its gather needs more); sm_100a's code 48; fp32 input holds twice the raw data (64).
@@ -136,9 +155,24 @@ ROW_THREADS = 256  # per-row mode: one row per block
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
-# |l| below which the branch-free divide is exact (see fast_quotient)
+# |l| below which the branch-free divide is exact for any float32 l (see fast_quotient)
 FAST_DIV_LIMIT = 64.0
-FAST_DIV_LIMIT_BF16 = 0x4280  # bf16 bits of 64.0
+# l at or below which the quotient is -0 by contract (expf(-l) >= 2^126 there)
+SILU_ZERO_BELOW = -87.5
+SILU_FLOOR_BF16X2 = 0xC2B1C2B1  # two bf16 -88.5: the floor bf16 gates are raised to
+
+# Device helpers (one source per kernel): a NaN-keeping bf16x2 max, and volatile reads of
+# the thread and block indices, so that indices derived from them at the start of a row
+# are not kept live (in registers) across the math for the stores at its end.
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ unsigned tka_bf16x2_max_nan(unsigned a, unsigned b) {
+  unsigned d; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ int tka_tid_x() { int v; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v)); return v; }
+__device__ __forceinline__ int tka_ctaid_x() { int v; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v)); return v; }
+__device__ __forceinline__ int tka_ctaid_y() { int v; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v)); return v; }
+__device__ __forceinline__ int tka_ctaid_z() { int v; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v)); return v; }
+"""
 
 
 def _as_float(words, i, half, packed):
@@ -174,7 +208,8 @@ def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_valu
     """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half.
 
     ``fast``: the divide without nvcc's range check and slow-path branch (see
-    ``fast_quotient``; the caller has checked that the lane's |l| are in range).
+    ``fast_quotient``; the caller has made sure the lane's l are in its range);
+    otherwise the IEEE divide, and -0 for l <= -87.5 as the contract says.
     """
     l = _as_float(xl, i, half, packed)
     r = _as_float(xr, i, half, packed)
@@ -186,7 +221,7 @@ def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_valu
         fast_quotient(l, v[k], tmp)
         q = tmp[0]
     else:
-        q = T.ieee_fdiv(l, v[k])
+        q = T.if_then_else(l <= T.float32(SILU_ZERO_BELOW), T.float32(-0.0), T.ieee_fdiv(l, v[k]))
     if weighted:
         v[k] = q * r * w
     else:
@@ -199,7 +234,8 @@ def _fma(a, b, c):
 
 @T.macro
 def fast_quotient(l, d, tmp):
-    """tmp[0] = l / d, correctly rounded, for d = 1 + expf(-l) and |l| < FAST_DIV_LIMIT.
+    """tmp[0] = l / d, correctly rounded, for d = 1 + expf(-l) and |l| < FAST_DIV_LIMIT
+    (and for every finite bf16 l > -87.5; -0 for l <= -87.5 while d is finite).
 
     The operations of nvcc's ``div.rn.f32`` fast path (approximate reciprocal, one
     Newton step, quotient, exact remainder, correction) without its range check
@@ -209,7 +245,10 @@ def fast_quotient(l, d, tmp):
     is normal unless l is so small that d == 2 exactly (then the Newton step gives
     r1 = 0.5 exactly and every step is exact, subnormal l included).  The
     remainder is formed as d * q0 - l and added times -r1 (never zero), so that
-    l = -0 gives -0 like the IEEE divide.
+    l = -0 gives -0 like the IEEE divide.  Past |l| = 64 nothing is proven, but every
+    finite bf16 l > -87.5 was checked on sm_90a (GPU test ``test_every_bf16_gate_value``);
+    for l <= -87.5, d >= 2^126, the reciprocal (``.ftz``) is 0 and the result is
+    l * 0 + (-l) * -0 = -0, the contract's value (+inf gives NaN: outside the contract).
     """
     tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # MUFU.RCP
     tmp[2] = _fma(-d, tmp[1], T.float32(1.0))  # e = 1 - d * r0
@@ -260,31 +299,36 @@ def _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_m
 @T.macro
 def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value, counts,
                       tmp, rng):
-    """The lane's range check, then the fast-divide or the IEEE-divide variants.
+    """The option variants with the fast divide wherever it is exact, else the IEEE one.
 
-    The divide is exact without its range check when every |l| of the lane is
-    below FAST_DIV_LIMIT (checked on the raw inputs before the math, so that they
-    need not stay live for a redo; real activations are far below).  bf16: max of
-    the magnitude bits, two channels per ``__vmaxu2`` (VIMNMX.U16x2); fp32: fmaxf
-    of |l| (a NaN is skipped and gives NaN through either divide).  A clamp can
-    only lower l: it leaves the range only if c <= -FAST_DIV_LIMIT.
+    bf16 (``packed``): l is raised to -88.5 (NaN kept; the quotient of every l <=
+    -87.5 is -0 either way, see ``fast_quotient``) and the fast divide is exact for
+    every such l, so nothing is checked: no branch waits for the loads.  fp32: a
+    lane whose |l| all lie below FAST_DIV_LIMIT (fmaxf, which skips NaN; NaN gives
+    NaN through either divide) takes the fast copy, any other lane the IEEE copy.
+    A clamp can only lower l: with c <= -FAST_DIV_LIMIT the IEEE copy runs (a
+    uniform branch).  Needs DEVICE_SOURCE imported.
     """
     if packed:
-        rng[0] = T.uint32(0)
         for p in T.unroll(num_pairs):
-            rng[0] = T.call_extern(T.uint32, "__vmaxu2", rng[0], xl[base // 2 + p] & T.uint32(0x7FFF7FFF))
-        in_range = T.max(rng[0] >> T.uint32(16), rng[0] & T.uint32(0xFFFF)) < T.uint32(FAST_DIV_LIMIT_BF16)
+            xl[base // 2 + p] = T.call_extern(T.uint32, "tka_bf16x2_max_nan", xl[base // 2 + p],
+                                              T.uint32(SILU_FLOOR_BF16X2))
+        if clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT:
+            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                             counts, tmp, True)
+        else:
+            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                             counts, tmp, False)
     else:
         rng[0] = T.float32(0.0)
         for p in T.unroll(2 * num_pairs):
             rng[0] = T.max(rng[0], T.abs(xl[base + p]))
-        in_range = rng[0] < T.float32(FAST_DIV_LIMIT)
-    if in_range and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
-        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                         counts, tmp, True)
-    else:
-        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                         counts, tmp, False)
+        if rng[0] < T.float32(FAST_DIV_LIMIT) and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
+            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                             counts, tmp, True)
+        else:
+            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                             counts, tmp, False)
 
 
 def scale_factor(amax, sf_clamp_min, round_sf):
@@ -326,9 +370,10 @@ def flush_counts(counts, count_smem, clamped_count, tid, num_warps):
             T.atomic_add(clamped_count[tid], T.Cast(T.int64, total))
 
 
-def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int):
+def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int):
     assert in_dtype in ("bfloat16", "float32"), in_dtype
     assert sf_format in SF_FORMATS, sf_format
+    assert plain in (0, 1), plain
     per_row = max_row_hidden > 0
     if per_row:
         assert sf_format == "fp32", "one group per row supports row-major fp32 sf only"
@@ -373,8 +418,13 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
         round_sf: T.int32,
         sf_clamp_min: T.float32,
     ):
-        body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min)
+        if plain:
+            # no optional input: the flags are compile-time zeros, one straight-line copy
+            body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+                 0, 0, CLAMP_NONE, swiglu_clamp_value, round_sf, sf_clamp_min)
+        else:
+            body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+                 has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min)
 
     return swiglu_forward_and_per_token_cast
 
@@ -405,22 +455,21 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
     num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
-    grid_y = T.min(num_row_blocks, MAX_GRID_Y)
     V = LANE_CHANNELS
 
     @T.macro
     def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
-        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), grid_y, threads=threads) as (bx, by):
+        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), T.min(num_row_blocks, MAX_GRID_Y),
+                      T.ceildiv(num_row_blocks, MAX_GRID_Y), threads=threads) as (bx, by, bz):
             # Programmatic dependent launch: wait for the previous grid in the stream before any
             # memory access, then let the next grid start its blocks while this one drains.
             pdl_sync()
             pdl_trigger()
             T.annotate_min_blocks_per_sm(min_blocks)
+            T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
             lane = tid % WARP
-            chunk = bx * WARP + lane  # this lane's channels: [16 * chunk, 16 * chunk + 16)
-            group = chunk // LANES_PER_GROUP
             # (rebinding the name keeps the kernel parameter called `x`)
             x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)
             W = V // per_word  # input words per lane and half (8 bf16 pairs or 16 fp32)
@@ -431,10 +480,10 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             q = T.alloc_local((V,), T.float8_e4m3fn)
             counts = T.alloc_local((3,), T.int32)
             tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
-            rng = T.alloc_local((1,), word_dtype)  # the lane's max |l| (fast-divide range check)
+            rng = T.alloc_local((1,), word_dtype)  # fp32: the lane's max |l| (fast-divide range check)
             count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
             row = T.alloc_var(T.int32)
-            in_range = T.alloc_var(T.bool)
+            src = T.alloc_var(T.int32)
             keep = T.alloc_var(T.bool)
             w = T.alloc_var(T.float32)
             amax = T.alloc_var(T.float32)
@@ -444,28 +493,27 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             for j in T.unroll(3):
                 counts[j] = 0
 
-            # one trip unless there are more than 65535 row blocks (then grid_y == 65535)
-            for it in T.serial(T.ceildiv(num_row_blocks - by, MAX_GRID_Y)):
-                row = (by + it * MAX_GRID_Y) * ROWS_PER_BLOCK + tid // WARP
-                in_range = row < num_tokens and chunk < num_chunks
-                keep = in_range
-                if has_pos_to_expert != 0 and in_range:
-                    keep = pos_to_expert[row] >= 0
+            row = (bz * MAX_GRID_Y + by) * ROWS_PER_BLOCK + tid // WARP
+            keep = row < num_tokens
+            if has_pos_to_expert != 0 and keep:
+                keep = pos_to_expert[row] >= 0
+            if keep:  # warp-uniform
                 w = T.float32(1.0)
-                if has_weights != 0 and keep:
+                if has_weights != 0:
                     pos = pos_to_token_topk[row]
                     w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
-
-                if keep:
-                    for i in T.vectorized(W):
-                        xl[i] = x[row, chunk * W + i]
-                    for i in T.vectorized(W):
-                        xr[i] = x[row, hidden // per_word + chunk * W + i]
-                    swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
-                                      swiglu_clamp_value, counts, tmp, rng)
-                else:
-                    for i in T.vectorized(V):
-                        v[i] = T.float32(0.0)
+                # lanes past the row (whole groups of the last bx) read its last chunk again:
+                # no branch around the loads (one costs ~0.7 us at the prefill shape)
+                src = T.min(bx * WARP + lane, num_chunks - 1)
+                for i in T.vectorized(W):
+                    xl[i] = x[row, src * W + i]
+                for i in T.vectorized(W):
+                    xr[i] = x[row, hidden // per_word + src * W + i]
+                swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
+                                  swiglu_clamp_value, counts, tmp, rng)
+                if clamp_mode == CLAMP_AND_COUNT and bx * WARP + lane >= num_chunks:
+                    for j in T.unroll(3):
+                        counts[j] = 0  # a repeated chunk is not counted twice
 
                 amax = T.float32(0.0)
                 for i in T.unroll(V):
@@ -478,28 +526,42 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
                 sf = sf_val
                 sf_inv = sf_inv_val
                 sf_exp = sf_exp_val
+                for i in T.vectorized(V):
+                    q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)  # cvt.rn.satfinite
+            else:
+                # a skipped row (pos_to_expert < 0) or none: zero bytes and zero scale factors
+                sf = T.float32(0.0)
+                sf_exp = T.uint32(0)
+                for i in T.vectorized(V):
+                    q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
 
-                if in_range:
+            # The stores' indices from the special registers again (volatile reads): nothing
+            # derived from them stays live across the math (at 32 registers it would spill).
+            t2 = T.call_extern(T.int32, "tka_tid_x")
+            bx2 = T.call_extern(T.int32, "tka_ctaid_x")
+            row2 = ((T.call_extern(T.int32, "tka_ctaid_z") * MAX_GRID_Y + T.call_extern(T.int32, "tka_ctaid_y"))
+                    * ROWS_PER_BLOCK + t2 // WARP)
+            lane2 = t2 % WARP
+            chunk = bx2 * WARP + lane2  # this lane's channels: [16 * chunk, 16 * chunk + 16)
+            if row2 < num_tokens:  # warp-uniform
+                if chunk < num_chunks:
                     for i in T.vectorized(V):
-                        q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)  # cvt.rn.satfinite
-                    for i in T.vectorized(V):
-                        out[row, chunk * V + i] = q[i]
-
+                        out[row2, chunk * V + i] = q[i]
                 if sf_format == "ue8m0_col":
                     # byte `group % 4` of the row's word `bx`; zero for skipped rows and
                     # for the padding groups past hidden / 128
                     word = T.alloc_var(T.uint32)
-                    word = T.if_then_else(keep and lane % LANES_PER_GROUP == 0,
-                                          sf_exp << T.uint32(8 * (lane // LANES_PER_GROUP)), T.uint32(0))
+                    word = T.if_then_else(chunk < num_chunks and lane2 % LANES_PER_GROUP == 0,
+                                          sf_exp << T.uint32(8 * (lane2 // LANES_PER_GROUP)), T.uint32(0))
                     word = word | T.shfl_xor(word, 8)
                     word = word | T.shfl_xor(word, 16)
-                    if lane == 0 and row < num_tokens:
-                        out_sf[bx, row] = T.reinterpret(word, T.int32)
-                elif in_range and lane % LANES_PER_GROUP == 0:
+                    if lane2 == 0:
+                        out_sf[bx2, row2] = T.reinterpret(word, T.int32)
+                elif chunk < num_chunks and lane2 % LANES_PER_GROUP == 0:
                     if sf_format == "fp32":
-                        out_sf[row, group] = T.if_then_else(keep, sf, T.float32(0.0))
+                        out_sf[row2, chunk // LANES_PER_GROUP] = sf
                     else:
-                        out_sf[group, row] = T.if_then_else(keep, sf, T.float32(0.0))
+                        out_sf[chunk // LANES_PER_GROUP, row2] = sf
 
             if clamp_mode == CLAMP_AND_COUNT:
                 flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
@@ -524,6 +586,7 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
             # memory access, then let the next grid start its blocks while this one drains.
             pdl_sync()
             pdl_trigger()
+            T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
             x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)  # see _group_body
             W = C // per_word  # input words per chunk and half
@@ -602,7 +665,7 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
 KERNEL = KernelSpec(
     name="quant.swiglu_forward_and_per_token_cast",
     factory=swiglu_forward_and_per_token_cast_kernel,
-    static=("in_dtype", "sf_format", "max_row_hidden"),
+    static=("in_dtype", "sf_format", "max_row_hidden", "plain"),
     # x read once, out and out_sf written once (the optional [n] int32 maps and the
     # gathered weights add 4-12 bytes per row)
     bytes=("num_tokens * hidden * 2 * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * hidden"
@@ -678,6 +741,8 @@ OPS = [
             "sf_format": 'use_packed_ue8m0 ? "ue8m0_col" : (use_tma_aligned_col_major_sf ? "fp32_col" : "fp32")',
             # one group per row: the smallest multiple of 8192 that holds the row
             "max_row_hidden": "num_per_channels == 128 ? 0 : align_up(hidden, 8192)",
+            # no optional input: the kernel with the option flags compiled out
+            "plain": "(pos_to_token_topk.present || pos_to_expert.present || !swiglu_clamp_value_is_none) ? 0 : 1",
         },
         kernel_args={
             "x": "x.data",

@@ -72,7 +72,10 @@ def np_clamp_halves(l, r, clamp):
 
 def np_silu_mul(l, r):
     e = torch_exp_f32(-l)
-    return ((l / (F32(1) + e)).astype(F32) * r).astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = (l / (F32(1) + e)).astype(F32)
+    q = np.where(l <= F32(-87.5), F32(-0.0), q).astype(F32)  # the contract's flush
+    return (q * r).astype(F32)
 
 
 def np_sf(amax, round_sf, clamp_min=1e-4):
@@ -450,3 +453,16 @@ def test_swiglu_forward_counts_accumulate():
     xf = x.float()
     want = torch.tensor([(xf[:, :256] > 0.25).sum(), (xf[:, 256:] > 0.25).sum(), (xf[:, 256:] < -0.25).sum()])
     assert torch.equal(count, want + torch.tensor([5, 6, 7]))
+
+
+def test_forward_silu_is_negative_zero_at_and_below_minus_87_5():
+    """The forward SiLU's quotient is -0 for l <= -87.5 (the IEEE quotient there is
+    below 2^-119 in magnitude, or -0 already); just above, it is the IEEE quotient."""
+    l = torch.tensor([-87.5, -88.0, -88.5, -89.0, -1e30, -87.0, -86.5, -3.0, 0.0, 2.0])
+    r = torch.tensor([1.0, -1.0, 2.0, -3.0, 1.0, 1.0, -1.0, 1.0, 1.0, 1.0])
+    got = S.swiglu_forward(torch.cat([l, r]).view(1, -1)).view(-1)
+    want = np_silu_mul(l.numpy(), r.numpy())
+    assert torch.equal(got.view(torch.int32), torch.from_numpy(want).view(torch.int32))
+    # the flushed ones are signed zeros (-0 * r), the one at -87.0 is not flushed
+    assert torch.equal(got[:5].view(torch.int32), (torch.tensor(-0.0) * r[:5]).view(torch.int32))
+    assert got[5] != 0 and torch.signbit(got[5])

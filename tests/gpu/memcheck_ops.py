@@ -23,10 +23,13 @@ if manifest.configs("quant.per_token_cast"):
     quant.per_token_cast(x(1001, 7168), "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
 if manifest.configs("quant.swiglu_forward_and_per_token_cast"):
     quant.swiglu_forward_and_per_token_cast(x(1001, 4096), "e4m3", 128)
+    # hidden 640: the last 512-channel block has one group; its other lanes read the row's
+    # last chunk again and store nothing
+    quant.swiglu_forward_and_per_token_cast(x(1001, 1280), "e4m3", 128)
     # weights, skipped rows, clamp and counters (shared-memory block sums, int64 atomics)
     pos = torch.randint(-1, 1001 * 4, (1001,), generator=g, device="cuda", dtype=torch.int32)
     quant.swiglu_forward_and_per_token_cast(
-        x(1001, 4096), "e4m3", 128, pos_to_token_topk=pos, topk_weights=torch.rand(1001, 4, generator=g, device="cuda"),
+        x(1001, 1280), "e4m3", 128, pos_to_token_topk=pos, topk_weights=torch.rand(1001, 4, generator=g, device="cuda"),
         pos_to_expert=torch.randint(-1, 3, (1001,), generator=g, device="cuda", dtype=torch.int32),
         swiglu_clamp_value=1.5, clamped_count=torch.zeros(3, dtype=torch.int64, device="cuda"))
 if any(c["max_row_hidden"] > 0 and c["in_dtype"] == "bfloat16"

@@ -14,7 +14,7 @@ FORMS = {"fp32": (False, False), "fp32_col": (True, False), "ue8m0_col": (True, 
 
 
 def _ids(c):
-    return f"{c['in_dtype']}-{c['sf_format']}-row{c['max_row_hidden']}"
+    return f"{c['in_dtype']}-{c['sf_format']}-row{c['max_row_hidden']}-plain{c['plain']}"
 
 
 def _poisoned_like(t):
@@ -28,8 +28,11 @@ def test_matches_reference(config, options, round_sf, gen):
     col, packed = FORMS[config["sf_format"]]
     if packed and not round_sf:
         pytest.skip("packed UE8M0 scale factors are powers of two: round_sf is required")
+    if config["plain"] != (options == "plain"):
+        pytest.skip("the call picks the other `plain` config")
     per_row = config["max_row_hidden"] != 0
-    for hidden in ([1024, 2048, 7168] if not per_row else [1024, 4096]):
+    # 640 and 1408: the last 512-channel block is partly past the row (1 and 3 groups)
+    for hidden in ([640, 1408, 2048, 7168] if not per_row else [1024, 4096]):
         npc = hidden if per_row else 128
         for n in (1, 77, 513):
             x = (torch.randn(n, 2 * hidden, generator=gen, device="cuda") * 3).to(getattr(torch, config["in_dtype"]))
@@ -61,22 +64,74 @@ def test_matches_reference(config, options, round_sf, gen):
                 assert torch.equal(counts["ours"], counts["ref"]), f"{what}: counts {counts}"
 
 
-@pytest.mark.parametrize("sf_clamp_min", [None, 1e-30])
-def test_every_bf16_gate_value(sf_clamp_min, gen):
-    """Every bf16 bit pattern as the SiLU input: the kernel's divide must round exactly like
-    the reference's on each.  Non-finite values and |l| >= 2^100 (whose product with the
-    right half could overflow to inf, outside the op's contract) are replaced by 0."""
-    if not any(c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0 for c in CONFIGS):
+def _grouped_bf16_format():
+    formats = [c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0]
+    if not formats:
         pytest.skip("no bf16 grouped config prebuilt")
-    sf_format = next(c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0)
-    col, packed = FORMS[sf_format]
+    return formats[0]
+
+
+@pytest.mark.parametrize("sf_clamp_min", [None, 1e-30])
+@pytest.mark.parametrize("plain", [True, False])
+def test_every_bf16_gate_value(sf_clamp_min, plain, gen):
+    """Every bf16 bit pattern as the SiLU input: the kernel's divide must round exactly like
+    the reference's on each, and give -0 at and below -87.5 (-inf included).  +inf and NaN
+    (outside the contract) and |l| >= 2^100 (whose product with the right half could
+    overflow to inf) are replaced by 0.  ``plain=False`` takes the kernel with the option
+    flags (every row kept through ``pos_to_expert``)."""
+    col, packed = FORMS[_grouped_bf16_format()]
     left = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
-    keep = torch.isfinite(left) & (left.float().abs() < 2.0**100)
+    keep = (torch.isfinite(left) & (left.float().abs() < 2.0**100)) | (left == float("-inf"))
     left = torch.where(keep, left, torch.zeros_like(left)).view(64, 1024)
     right = (torch.randn(64, 1024, generator=gen, device="cuda")).to(torch.bfloat16)
     x = torch.cat([left, right], dim=1).contiguous()
     kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed, sf_clamp_min=sf_clamp_min)
+    if not plain:
+        kwargs["pos_to_expert"] = torch.zeros(64, dtype=torch.int32, device="cuda")
     expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
     got, got_sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
     assert_bits_equal(got, expected, f"all bf16 gate values, sf_clamp_min={sf_clamp_min}")
     assert_bits_equal(got_sf, expected_sf, "sf")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_ids)
+def test_gate_values_around_the_flush(config, gen):
+    """Gates at and below -87.5 give a -0 quotient, just above the IEEE one, through every
+    path: the fast divide (bf16), the lane check and the IEEE divide (fp32 values such as
+    -87.49 and -87.51), and a clamp c <= -64 (the IEEE copy for bf16 too).  The right half
+    is 2^100 so that the flushed quotients (~1e-36) would show in the output."""
+    col, packed = FORMS[config["sf_format"]]
+    per_row = config["max_row_hidden"] != 0
+    hidden = 1024
+    gates = torch.tensor([-87.5, -87.51, -87.49, -88.0, -88.5, -88.75, -89.0, -100.0, -1e30, -87.0, -86.5, -64.5,
+                          -63.9, -3.0, -0.0, 0.0, 1.5, 70.0], device="cuda")
+    n = 8
+    left = gates[torch.randint(0, gates.numel(), (n, hidden), generator=gen, device="cuda")]
+    right = torch.full((n, hidden), 2.0**100, device="cuda") * torch.randn(n, hidden, generator=gen, device="cuda").sign()
+    x = torch.cat([left, right], dim=1).to(getattr(torch, config["in_dtype"])).contiguous()
+    npc = hidden if per_row else 128
+    for clamp in ([None, -70.0] if config["plain"] == 0 else [None]):
+        kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed,
+                      swiglu_clamp_value=clamp, sf_clamp_min=1e-30)
+        if config["plain"] == 0 and clamp is None:
+            kwargs["pos_to_expert"] = torch.zeros(n, dtype=torch.int32, device="cuda")
+        expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", npc, **kwargs)
+        got, got_sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", npc, **kwargs)
+        assert_bits_equal(got, expected, f"{_ids(config)} clamp={clamp} out")
+        assert_bits_equal(got_sf, expected_sf, f"{_ids(config)} clamp={clamp} sf")
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_more_than_65535_row_blocks(plain, gen):
+    """262145 rows: 65537 blocks of 4 rows, past one grid column (they go to blockIdx.z)."""
+    col, packed = FORMS[_grouped_bf16_format()]
+    n, hidden = 4 * 65536 + 1, 128
+    x = (torch.randn(n, 2 * hidden, generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed)
+    if not plain:
+        kwargs["pos_to_expert"] = torch.randint(-1, 2, (n,), generator=gen, device="cuda", dtype=torch.int32)
+    expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
+    out, out_sf = _poisoned_like(expected), _poisoned_like(expected_sf)
+    quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs, out=out, out_sf=out_sf)
+    assert_bits_equal(out, expected, f"n={n} out")
+    assert_bits_equal(out_sf, expected_sf, f"n={n} sf")

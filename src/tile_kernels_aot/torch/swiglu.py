@@ -15,7 +15,10 @@ to be bit-exact against these references):
 * ``silu(l) * r`` is evaluated as ``(l / (1 + exp(-l))) * r``: one float32
   ``exp`` (CUDA ``expf``, not ``__expf``), one IEEE add, one IEEE divide, one
   multiply, in that order.  A routing weight, when present, multiplies last:
-  ``((l / (1 + exp(-l))) * r) * w``.
+  ``((l / (1 + exp(-l))) * r) * w``.  In the forward functions the quotient is
+  -0 for ``l <= -87.5`` (there ``exp(-l) >= 2^126`` and its magnitude is below
+  2^-119; the kernels' divide flushes it, and from -88.8 down the IEEE quotient
+  is -0 anyway).
 * Every division is an IEEE float32 division (never a multiplication by a
   reciprocal; PyTorch's scalar divisions are avoided for that reason).
 * The backward pass has one fused multiply-add, ``fma(l, 1 - s, 1)`` (nvcc
@@ -152,9 +155,15 @@ def _clamp_halves(left, right, clamp: Optional[float], clamped_count=None, count
     return left.clamp(max=c), right.clamp(min=-c, max=c)
 
 
+SILU_ZERO_BELOW = -87.5  # the forward SiLU's quotient is -0 at or below this l
+
+
 def _silu_mul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """``(l / (1 + exp(-l))) * r`` in float32, in exactly this order."""
-    return _div(left, 1.0 + torch.exp(-left)) * right
+    """``(l / (1 + exp(-l))) * r`` in float32, in exactly this order (the quotient -0
+    for ``l <= -87.5``)."""
+    q = _div(left, 1.0 + torch.exp(-left))
+    q = torch.where(left <= SILU_ZERO_BELOW, torch.full_like(q, -0.0), q)
+    return q * right
 
 
 # ---------------------------------------------------------------------------
