@@ -10,7 +10,8 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   a kernel launched as a programmatic dependent of a running one would start
   early and count its wait for it);
 * eager time per call, outputs passed in (``out=``) and allocated by the call,
-  from a pipelined loop (what a caller on the hot path sees);
+  from a pipelined loop whose call site spells the arguments out (what a caller on
+  the hot path sees), best of 5 rounds interleaved with the bare-launch loops;
 * the bare launch cost of the same kernel with the same arguments, measured in
   the same run (``_C._replay_last_launch``), as the faster of a plain
   ``cuLaunchKernel`` loop and a loop of the op's own launch (``cuLaunchKernelEx``
@@ -134,18 +135,51 @@ def _kernel_time_us(calls, rounds=4):
     return total / (rounds * len(launches))
 
 
+def _direct_call(fn, args, kwargs):
+    """A closure calling ``fn(*args, **kwargs)`` with the arguments spelled out at its call
+    site (positional, then keywords), as a caller's code calls an op: no dict is built and
+    unpacked on every call, which a generic ``lambda: fn(*args, **kwargs)`` would time too."""
+    names = [f"a{i}" for i in range(len(args))] + [f"k_{k}" for k in kwargs]
+    call = ", ".join([f"a{i}" for i in range(len(args))] + [f"{k}=k_{k}" for k in kwargs])
+    env = {}
+    exec(f"def make(fn, {', '.join(names)}):\n    return lambda: fn({call})\n", env)
+    return env["make"](fn, *args, *kwargs.values())
+
+
+def _loop_us(fn, n):
+    """Host time per call of one pipelined loop of ``n`` calls (synchronized at its end)."""
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def _eager_us(fn, n=5000):
-    """Host time per call of a pipelined loop (synchronized only at the end)."""
+    """Host time per call of a pipelined loop: the best of 3 (after 100 warm-up calls)."""
     for _ in range(100):
         fn()
     torch.cuda.synchronize()
-    best = math.inf
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
+    return min(_loop_us(fn, n) for _ in range(3))
+
+
+def _interleaved_us(loops, n=5000, rounds=5):
+    """``_eager_us`` for several loops at once: each round runs every loop once, in turn, and
+    each keeps its best round, so that a passing disturbance of the host (they last longer
+    than one loop) does not fall on one loop alone.  ``loops``: name -> (fn, before), where
+    ``before`` (or None) runs ahead of each of the loop's rounds."""
+    for fn, before in loops.values():
+        if before is not None:
+            before()
+        for _ in range(100):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
+    torch.cuda.synchronize()
+    best = dict.fromkeys(loops, math.inf)
+    for _ in range(rounds):
+        for name, (fn, before) in loops.items():
+            if before is not None:
+                before()
+            best[name] = min(best[name], _loop_us(fn, n))
     return best
 
 
@@ -215,16 +249,20 @@ def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
     calls = [lambda a=a, o=o: fn(*a, **kwargs, **o) for a, o in zip(inputs, out_sets)]
     device_us = _graph_time_us(calls)
     bytes_moved = manifest.op_bytes(op, dims)
-    out_kw = out_sets[0]
-    eager_out = _eager_us(lambda: fn(*args, **kwargs, **out_kw))
-    eager_alloc = _eager_us(lambda: fn(*args, **kwargs))
-    fn(*args, **kwargs, **out_kw)
+    call_out = _direct_call(fn, args, {**kwargs, **out_sets[0]})
     # Two baselines: plain cuLaunchKernel, and the op's own launch (cuLaunchKernelEx as a
     # programmatic dependent), which also overlaps the previous kernel's tail on the GPU;
     # at small shapes a loop of either can be bound by the GPU rather than the host.  The
-    # overhead is taken over the faster of the two.
-    bare_plain = _eager_us(lambda: _C._replay_last_launch(1))
-    bare_dependent = _eager_us(lambda: _C._replay_last_launch(1, True))
+    # overhead is taken over the faster of the two.  Both replay the launch of a call with
+    # out= (made right before them), never one into freed outputs.
+    host = _interleaved_us({
+        "out": (call_out, None),
+        "alloc": (_direct_call(fn, args, kwargs), None),
+        "bare_plain": (lambda: _C._replay_last_launch(1), call_out),
+        "bare_dependent": (lambda: _C._replay_last_launch(1, True), call_out),
+    })
+    eager_out, eager_alloc = host["out"], host["alloc"]
+    bare_plain, bare_dependent = host["bare_plain"], host["bare_dependent"]
     bare = min(bare_plain, bare_dependent)
     ref = _resolve(f"tile_kernels_aot.torch.{ref_module}.{ref_name}")
     ref_us = _event_us(lambda: ref(*args, **kwargs), reps=5)
@@ -246,7 +284,7 @@ def bench_tilekernels(row, args, inputs, kwargs):
     try:
         upstream(*args, **kwargs)  # the first call compiles
         up_calls = [lambda a=a: upstream(*a, **kwargs) for a in inputs]
-        row["tilekernels_eager_us"] = _eager_us(lambda: upstream(*args, **kwargs), n=500)
+        row["tilekernels_eager_us"] = _eager_us(_direct_call(upstream, args, kwargs), n=500)
         row["tilekernels_device_us"] = _graph_time_us(up_calls)
         row["tilekernels_kernel_us"] = _kernel_time_us(up_calls)
     except Exception as e:  # report it, keep the rest of the run
