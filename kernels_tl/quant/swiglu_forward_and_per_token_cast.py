@@ -116,10 +116,12 @@ Round 5 (issue 2).  A sweep of the group kernel at the prefill shape (one H200,
 each ~0.7 us: a branch around the loads (the old guard for lanes past the row)
 and a data-dependent branch between the loads and the math (the old bf16 range
 check).  With neither, ptxas issues the right half's loads after the left
-half's SiLU, and the kernel runs 21.2-21.4 us against 22.0-22.5 before.  Both are
-gone (clamped chunk index; the -88.5 floor above).  The six runtime option
-copies still cost ~0.7 us when they share the kernel (the loads are hoisted ahead
-of the option dispatch), hence the ``plain`` configs.  Trimming ~50 instructions
+half's SiLU, and the kernel runs 21.1-21.3 us against 22.2-22.4 before (the
+shipped ``plain`` kernel, same runs).  Both are gone (clamped chunk index; the
+-88.5 floor above).  The six runtime option copies still cost ~0.7 us when they
+share the kernel (the loads are hoisted ahead of the option dispatch: a MoE-style
+call with weights and ``pos_to_expert`` runs 23.4-23.6 us), hence the ``plain``
+configs.  The one-group-per-row kernel keeps its guarded loads (not tuned).  Trimming ~50 instructions
 per lane elsewhere (the grid walk, the zero-filled registers of skipped rows)
 gained ~0.1 us: the kernel is not issue-bound.  Numbers in BENCHMARKS.md.
 
