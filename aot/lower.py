@@ -48,13 +48,16 @@ def kernel_module(kernel_name: str):
 
 
 def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
-    """Content hash of everything lowering depends on: the kernel module's source,
-    this stage's own source, the config, the arch and the TileLang version."""
+    """Content hash of everything lowering depends on: the kernel module's source, the
+    modules it may share code from (``kernels_tl/*.py``), this stage's own source, the
+    config, the arch and the TileLang version."""
     import tilelang
 
-    module = kernel_module(kernel_name)
+    module_path = Path(inspect.getfile(kernel_module(kernel_name)))
     h = hashlib.sha256()
-    h.update(Path(inspect.getfile(module)).read_bytes())
+    h.update(module_path.read_bytes())
+    for shared in sorted(module_path.parents[1].glob("*.py")):
+        h.update(shared.read_bytes())
     h.update(Path(__file__).read_bytes())
     h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
     return h.hexdigest()

@@ -106,8 +106,8 @@ session; 8192 x 256, k = 8, random fp32 scores, i.e. the verifying path).
 """
 
 from tilelang import language as T
-from tilelang.cuda.language import pdl_sync, pdl_trigger
 
+from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.spec import Int, KernelSpec, OpSpec, Out, Param, Tensor
 
 WARP = 32
@@ -200,10 +200,7 @@ def topk_gate_kernel(num_experts: int):
         topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS_PER_BLOCK), threads=TOKENS_PER_BLOCK * WARP) as pid:
-            # Programmatic dependent launch: wait for the previous grid in the stream before any
-            # memory access, then let the next grid start its blocks while this one drains.
-            pdl_sync()
-            pdl_trigger()
+            wait_for_previous_grid()  # programmatic dependent launch
             # <= 32 registers: 8 blocks = 64 warps per SM (see "Occupancy").
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()

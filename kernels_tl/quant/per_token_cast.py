@@ -115,8 +115,8 @@ fp32, not measured, keeps 8 pieces (still 32 values per thread).
 """
 
 from tilelang import language as T
-from tilelang.cuda.language import pdl_sync, pdl_trigger
 
+from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.spec import Bool, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
 THREADS = 256  # per block
@@ -247,10 +247,7 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
         read_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * lanes_per_row, THREADS), threads=THREADS) as bid:
-            # Programmatic dependent launch: wait for the previous grid in the stream before any
-            # memory access, then let the next grid start its blocks while this one drains.
-            pdl_sync()
-            pdl_trigger()
+            wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             # Rows start on 16-byte boundaries (checked by the host): every piece is one vector load.
             T.assume(x_stride % piece == 0)

@@ -134,8 +134,8 @@ if only bf16 inputs are shipped).
 """
 
 from tilelang import language as T
-from tilelang.cuda.language import pdl_sync, pdl_trigger
 
+from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.spec import Bool, Float, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
 WARP = 32
@@ -315,22 +315,18 @@ def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_
         for p in T.unroll(num_pairs):
             xl[base // 2 + p] = T.call_extern(T.uint32, "tka_bf16x2_max_nan", xl[base // 2 + p],
                                               T.uint32(SILU_FLOOR_BF16X2))
-        if clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT:
-            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                             counts, tmp, True)
-        else:
-            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                             counts, tmp, False)
+        in_range = True
     else:
         rng[0] = T.float32(0.0)
         for p in T.unroll(2 * num_pairs):
             rng[0] = T.max(rng[0], T.abs(xl[base + p]))
-        if rng[0] < T.float32(FAST_DIV_LIMIT) and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
-            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                             counts, tmp, True)
-        else:
-            _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
-                             counts, tmp, False)
+        in_range = rng[0] < T.float32(FAST_DIV_LIMIT)
+    if in_range and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
+        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                         counts, tmp, True)
+    else:
+        _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
+                         counts, tmp, False)
 
 
 def scale_factor(amax, sf_clamp_min, round_sf):
@@ -464,10 +460,7 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
         with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), T.min(num_row_blocks, MAX_GRID_Y),
                       T.ceildiv(num_row_blocks, MAX_GRID_Y), threads=threads) as (bx, by, bz):
-            # Programmatic dependent launch: wait for the previous grid in the stream before any
-            # memory access, then let the next grid start its blocks while this one drains.
-            pdl_sync()
-            pdl_trigger()
+            wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(min_blocks)
             T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
@@ -584,10 +577,7 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
     def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
         with T.Kernel(num_tokens, threads=threads) as row:
-            # Programmatic dependent launch: wait for the previous grid in the stream before any
-            # memory access, then let the next grid start its blocks while this one drains.
-            pdl_sync()
-            pdl_trigger()
+            wait_for_previous_grid()  # programmatic dependent launch
             T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
             x, word_dtype, per_word = _input_words(x, in_dtype, num_tokens, hidden)  # see _group_body

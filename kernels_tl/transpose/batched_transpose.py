@@ -131,8 +131,8 @@ ptxas: 53-56 registers for every config on both archs, no spills.  Streaming
 """
 
 from tilelang import language as T
-from tilelang.cuda.language import pdl_sync, pdl_trigger
 
+from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.spec import KernelSpec, OpSpec, Out, Param, Tensor
 
 # Tile per dtype, (input rows TM, input cols TN) = (output cols, output rows).
@@ -207,10 +207,7 @@ def batched_transpose_kernel(dtype: str):
             pid_n,
             pid_b,
         ):
-            # Programmatic dependent launch: wait for the previous grid in the stream before any
-            # memory access, then let the next grid start its blocks while this one drains.
-            pdl_sync()
-            pdl_trigger()
+            wait_for_previous_grid()  # programmatic dependent launch
             # Chunk / piece views: every global access below is a single 16-byte
             # (narrow path: 4-element) load or store.  Row lengths are written
             # as whole 64-element sub-tiles, which they are.

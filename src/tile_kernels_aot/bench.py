@@ -155,19 +155,12 @@ def _loop_us(fn, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def _eager_us(fn, n=5000):
-    """Host time per call of a pipelined loop: the best of 3 (after 100 warm-up calls)."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    return min(_loop_us(fn, n) for _ in range(3))
-
-
 def _interleaved_us(loops, n=5000, rounds=5):
-    """``_eager_us`` for several loops at once: each round runs every loop once, in turn, and
-    each keeps its best round, so that a passing disturbance of the host (they last longer
-    than one loop) does not fall on one loop alone.  ``loops``: name -> (fn, before), where
-    ``before`` (or None) runs ahead of each of the loop's rounds."""
+    """Host time per call of pipelined loops of ``n`` calls (after 100 warm-up calls each):
+    each round runs every loop once, in turn, and each keeps its best round, so that a
+    passing disturbance of the host (they last longer than one loop) does not fall on one
+    loop alone.  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead of
+    each of the loop's rounds."""
     for fn, before in loops.values():
         if before is not None:
             before()
@@ -284,7 +277,8 @@ def bench_tilekernels(row, args, inputs, kwargs):
     try:
         upstream(*args, **kwargs)  # the first call compiles
         up_calls = [lambda a=a: upstream(*a, **kwargs) for a in inputs]
-        row["tilekernels_eager_us"] = _eager_us(_direct_call(upstream, args, kwargs), n=500)
+        row["tilekernels_eager_us"] = _interleaved_us({"eager": (_direct_call(upstream, args, kwargs), None)},
+                                                      n=500, rounds=3)["eager"]
         row["tilekernels_device_us"] = _graph_time_us(up_calls)
         row["tilekernels_kernel_us"] = _kernel_time_us(up_calls)
     except Exception as e:  # report it, keep the rest of the run
