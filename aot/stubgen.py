@@ -157,8 +157,9 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     L.append(f"static PyObject* {fid}(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n")
     L.append(f"  static const char* const op = {cpp_string(qual)};\n")
     L.append(f"  static const char* const names[] = {{{', '.join(cpp_string(n) for n in names)}}};\n")
+    L.append(f"  static PyObject* interned[{len(names)}] = {{}};\n")
     L.append(f"  PyObject* v[{len(names)}];\n")
-    L.append(f"  if (!parse_args(op, args, nargs, kwnames, names, {len(names)}, {npos}, {nreq}, v)) return nullptr;\n")
+    L.append(f"  if (!parse_args(op, args, nargs, kwnames, names, interned, {len(names)}, {npos}, {nreq}, v)) return nullptr;\n")
     tensors = []
     for i, p in enumerate(op.params):
         t, n = p.type, p.name
@@ -244,10 +245,11 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     for k, o in enumerate(op.outs):
         L.append(f"  const TensorArg& {o.name} = outs[{k}].t;\n  (void){o.name};\n")
     # launch
-    L.append(f"  if ({op.launch_when}) {{\n    KArgs a;\n")
-    for name, expr in op.kernel_args.items():
-        L.append(f"    a.{name} = ArgValue({expr});\n")
-    L.append("    if (!launcher(op, device, a)) return nullptr;\n  }\n")
+    # every field from a value (0 for those this op's kernels do not take): no default construction
+    L.append(f"  if ({op.launch_when}) {{\n    const KArgs a{{\n")
+    for name in fields:
+        L.append(f"        ArgValue({op.kernel_args.get(name, 0)}),  // {name}\n")
+    L.append("    };\n    if (!launcher(op, device, a)) return nullptr;\n  }\n")
     index = {o.name: k for k, o in enumerate(op.outs)}
     if len(op.returns) == 1:
         L.append(f"  return outs[{index[op.returns[0]]}].release();\n")

@@ -17,28 +17,6 @@ const char* const kArchNames[kNumArchs] = {"sm_90a", "sm_100a"};
 
 // ---------------------------------------------------------------- dtypes
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case BF16: return "torch.bfloat16";
-    case F16: return "torch.float16";
-    case F32: return "torch.float32";
-    case F64: return "torch.float64";
-    case E4M3: return "torch.float8_e4m3fn";
-    case I8: return "torch.int8";
-    case U8: return "torch.uint8";
-    case I16: return "torch.int16";
-    case I32: return "torch.int32";
-    case I64: return "torch.int64";
-    case BOOL: return "torch.bool";
-    default: return "an unsupported dtype";
-  }
-}
-
-const char* short_dtype_name(DType d) {
-  const char* name = dtype_name(d);
-  return std::strncmp(name, "torch.", 6) == 0 ? name + 6 : name;
-}
-
 int64_t dtype_bytes(DType d) {
   switch (d) {
     case F64: case I64: return 8;
@@ -192,21 +170,31 @@ bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, 
 // ---------------------------------------------------------------- scalar arguments
 
 bool parse_args(const char* op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                const char* const* names, int n, int positional, int required, PyObject** values) {
+                const char* const* names, PyObject** interned, int n, int positional, int required,
+                PyObject** values) {
   if (nargs > positional)
     return type_error(op, "takes at most %d positional arguments (%zd given)", positional, nargs);
   for (int i = 0; i < n; ++i) values[i] = i < nargs ? args[i] : nullptr;
   if (kwnames != nullptr) {
+    // Interned once and kept (the last slot first, so a failure leaves slot 0 empty and is retried).
+    for (int i = n - 1; n > 0 && interned[0] == nullptr && i >= 0; --i)
+      if ((interned[i] = PyUnicode_InternFromString(names[i])) == nullptr) return false;
     Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-      const char* kname = PyUnicode_AsUTF8(key);
-      if (kname == nullptr) return false;
       int found = -1;
-      for (int i = 0; i < n; ++i)
-        if (std::strcmp(kname, names[i]) == 0) { found = i; break; }
-      if (found < 0) return type_error(op, "got an unexpected keyword argument '%s'", kname);
-      if (values[found] != nullptr) return type_error(op, "got multiple values for argument '%s'", kname);
+      for (int i = static_cast<int>(nargs); i < n; ++i)  // a keyword names a parameter after the positional ones
+        if (key == interned[i]) { found = i; break; }
+      for (int i = 0; found < 0 && i < nargs; ++i)  // (or repeats one: an error below)
+        if (key == interned[i]) found = i;
+      if (found < 0) {  // a keyword not interned (built at run time): compare the text
+        const char* kname = PyUnicode_AsUTF8(key);
+        if (kname == nullptr) return false;
+        for (int i = 0; i < n; ++i)
+          if (std::strcmp(kname, names[i]) == 0) { found = i; break; }
+        if (found < 0) return type_error(op, "got an unexpected keyword argument '%s'", kname);
+      }
+      if (values[found] != nullptr) return type_error(op, "got multiple values for argument '%s'", names[found]);
       values[found] = args[nargs + k];
     }
   }

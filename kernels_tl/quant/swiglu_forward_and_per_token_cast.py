@@ -125,6 +125,16 @@ configs.  The one-group-per-row kernel keeps its guarded loads (not tuned).  Tri
 per lane elsewhere (the grid walk, the zero-filled registers of skipped rows)
 gained ~0.1 us: the kernel is not issue-bound.  Numbers in BENCHMARKS.md.
 
+Round 6 (issue 2, decode).  At 128 tokens x 2 * 2048 the grid is 128 blocks of 4 warps,
+one warp per scheduler: nothing hides latency, and ptxas (at 32 registers) issues the
+right half's loads only after the left half's SiLU, so the kernel waits for two memory
+round trips in series (2.7 us, CUPTI).  A lane now first prefetches its right half's
+line into L2 (``prefetch.global.L2``, no register), predicated on the grid being small
+(``PREFETCH_MAX_LANES`` lanes, a quarter of the H200's thread slots): 2.4 us at 128
+tokens.  Unpredicated it cost 1.9 us at the prefill shape (23.0 against 21.1), where
+the extra L2 requests compete with a saturated memory system; predicated (``@!P0 CCTL``,
+no branch before the loads) the prefill time is unchanged (21.2-21.3).
+
 Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
 ``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}
 x ``plain`` (1: no optional input; 0: any): 16 configs (32 cubins) cover
@@ -148,6 +158,10 @@ GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
 # blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see "Tuning").
 ROWS_PER_BLOCK = 4
 MAX_GRID_Y = 65535  # row blocks per grid column (the rest go to blockIdx.z)
+# Lanes (16-channel chunks) up to which a lane prefetches its right half into L2 before it
+# loads its left half: a quarter of an H200's thread slots (<= 16 warps per SM), where the
+# two halves' fetches would otherwise be two round trips in series (see "Round 6").
+PREFETCH_MAX_LANES = 65536
 # Group mode: registers per thread, capped for occupancy (-> blocks per SM for ptxas), the
 # lowest that needs no spills: bf16 on sm_90a 32 (64 warps per SM), 40 with packed UE8M0
 # factors (its gather needs more); sm_100a's code 48; fp32 input holds twice the raw data (64).
@@ -169,6 +183,9 @@ SILU_FLOOR_BF16X2 = 0xC2B1C2B1  # two bf16 -88.5: the floor bf16 gates are raise
 DEVICE_SOURCE = r"""
 __device__ __forceinline__ unsigned tka_bf16x2_max_nan(unsigned a, unsigned b) {
   unsigned d; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ void tka_prefetch_l2_if(const void* p, int cond) {
+  asm volatile("{ .reg .pred q; setp.ne.s32 q, %1, 0; @q prefetch.global.L2 [%0]; }" :: "l"(p), "r"(cond));
 }
 __device__ __forceinline__ int tka_tid_x() { int v; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v)); return v; }
 __device__ __forceinline__ int tka_ctaid_x() { int v; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v)); return v; }
@@ -500,6 +517,10 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
                 # lanes past the row (whole groups of the last bx) read its last chunk again:
                 # no branch around the loads (one costs ~0.7 us at the prefill shape)
                 src = T.min(bx * WARP + lane, num_chunks - 1)
+                # A small grid is latency-bound: the right half's fetch starts with the left's
+                # (a predicated prefetch: a branch here would delay the loads of every grid).
+                T.evaluate(T.call_extern("void", "tka_prefetch_l2_if", T.address_of(x[row, hidden // per_word + src * W]),
+                                         T.Cast(T.int32, num_tokens * num_chunks <= PREFETCH_MAX_LANES)))
                 for i in T.vectorized(W):
                     xl[i] = x[row, src * W + i]
                 for i in T.vectorized(W):

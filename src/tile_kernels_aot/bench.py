@@ -11,7 +11,7 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   early and count its wait for it);
 * eager time per call, outputs passed in (``out=``) and allocated by the call,
   from a pipelined loop whose call site spells the arguments out (what a caller on
-  the hot path sees), best of 5 rounds interleaved with the bare-launch loops;
+  the hot path sees), best of 10 rounds interleaved with the bare-launch loops;
 * the bare launch cost of the same kernel with the same arguments, measured in
   the same run (``_C._replay_last_launch``), as the faster of a plain
   ``cuLaunchKernel`` loop and a loop of the op's own launch (``cuLaunchKernelEx``
@@ -155,11 +155,12 @@ def _loop_us(fn, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def _interleaved_us(loops, n=5000, rounds=5):
+def _interleaved_us(loops, n=2500, rounds=10):
     """Host time per call of pipelined loops of ``n`` calls (after 100 warm-up calls each):
     each round runs every loop once, in turn, and each keeps its best round, so that a
     passing disturbance of the host (they last longer than one loop) does not fall on one
-    loop alone.  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead of
+    loop alone.  (The lent H200 hosts are virtual machines whose speed drifts over tens of
+    milliseconds: more, shorter rounds give each loop more chances at a quiet stretch.)  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead of
     each of the loop's rounds."""
     for fn, before in loops.values():
         if before is not None:

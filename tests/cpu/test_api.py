@@ -120,3 +120,27 @@ def test_bad_input_is_rejected_before_launch():
     _raises(ValueError, r"quant.per_token_cast: x_block_size is not supported", quant.per_token_cast, x, "e4m3", 128, (1, 128))
     _raises(TypeError, r"quant.per_token_cast: x must have dtype", quant.per_token_cast, x.half(), "e4m3", 128)
     _raises(ValueError, r"transpose.transpose: x must be 2-D", transpose.transpose, torch.randn(64, 64, 64))
+
+
+def test_keywords_match_by_name_whatever_string_object_spells_them():
+    """Keywords are matched by identity with the interned names first, then by text: a
+    keyword string built at run time (not interned) names the same parameter."""
+    s = torch.randn(4, 256)
+    runtime_name = "".join(["num_", "topk"])
+    assert runtime_name == "num_topk" and runtime_name is not sys.intern("num_topk")
+    # accepted: the call gets as far as the device check
+    for kwargs in ({"num_topk": 2}, {runtime_name: 2}):
+        _raises(ValueError, r"moe.topk_gate: scores must be a CUDA tensor", moe.topk_gate, s, **kwargs)
+    _raises(ValueError, r"moe.topk_gate: scores must be a CUDA tensor", moe.topk_gate,
+            **{"".join(["sco", "res"]): s, "num_topk": 2})
+    _raises(TypeError, r"moe.topk_gate: got multiple values for argument 'scores'", moe.topk_gate, s, 2, scores=s)
+    _raises(TypeError, r"moe.topk_gate: got multiple values for argument 'num_topk'", moe.topk_gate, s, 2,
+            **{runtime_name: 2})
+    _raises(TypeError, r"moe.topk_gate: got an unexpected keyword argument 'num_top'", moe.topk_gate, s,
+            **{runtime_name[:-1]: 2})
+    x = torch.randn(4, 2048).bfloat16()
+    for out in ("out", "".join(["o", "ut"])):  # a keyword-only output, by either spelling
+        _raises(ValueError, r"quant.per_token_cast: x must be a CUDA tensor", quant.per_token_cast, x, "e4m3", 128,
+                **{out: torch.empty(4, 2048)})
+    _raises(TypeError, r"quant.per_token_cast: got an unexpected keyword argument 'outs'", quant.per_token_cast, x,
+            "e4m3", 128, outs=None)

@@ -23,8 +23,17 @@ constexpr int kNumArchs = 2;  // index 0: sm_90a, 1: sm_100a
 extern const char* const kArchNames[kNumArchs];
 
 enum DType : int { BF16, F16, F32, F64, E4M3, I8, U8, I16, I32, I64, BOOL, UNKNOWN };
-const char* dtype_name(DType d);  // torch's name, e.g. "torch.bfloat16"
-const char* short_dtype_name(DType d);  // the shape table's name, e.g. "bfloat16"
+// torch's names, indexed by DType (inline: the stubs name a config's dtype on every call)
+inline constexpr std::string_view kDtypeNames[] = {
+    "torch.bfloat16", "torch.float16", "torch.float32", "torch.float64", "torch.float8_e4m3fn", "torch.int8",
+    "torch.uint8",    "torch.int16",   "torch.int32",   "torch.int64",   "torch.bool",          "an unsupported dtype"};
+inline std::string_view dtype_view(DType d) { return kDtypeNames[d >= BF16 && d < UNKNOWN ? d : UNKNOWN]; }
+// torch's name, e.g. "torch.bfloat16"
+inline const char* dtype_name(DType d) { return dtype_view(d).data(); }
+// the shape table's name, e.g. "bfloat16"
+inline std::string_view short_dtype_name(DType d) {
+  return d >= BF16 && d < UNKNOWN ? dtype_view(d).substr(6) : dtype_view(d);
+}
 int64_t dtype_bytes(DType d);
 
 // A non-owning view of a torch.Tensor argument (or an absent optional one).
@@ -32,8 +41,9 @@ struct TensorArg {
   bool present = false;
   void* data = nullptr;
   int ndim = 0;
-  int64_t shape[kMaxDims] = {};
-  int64_t stride[kMaxDims] = {};  // in elements
+  // valid below ndim (left uninitialised: zeroing them on every call costs more than the rest of a view)
+  int64_t shape[kMaxDims];
+  int64_t stride[kMaxDims];  // in elements
   DType dtype = UNKNOWN;
   int device = -1;  // CUDA ordinal; -1 for a non-CUDA tensor
   bool contiguous() const;
@@ -57,9 +67,12 @@ bool runtime_error(const char* op, const char* fmt, ...);
 // ---- arguments (METH_FASTCALL | METH_KEYWORDS)
 // Fills values[i] (borrowed, nullptr when not given) for `n` parameters, of
 // which the first `positional` may be passed by position and the first
-// `required` must be given.
+// `required` must be given.  `interned` (n slots, nullptr at first; the stub's
+// static array) receives the interned names on the first call with keywords:
+// a keyword is matched by identity first, as CPython matches its own.
 bool parse_args(const char* op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                const char* const* names, int n, int positional, int required, PyObject** values);
+                const char* const* names, PyObject** interned, int n, int positional, int required,
+                PyObject** values);
 bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, TensorArg* out);
 bool int_arg(const char* op, const char* name, PyObject* obj, bool optional, int64_t* out, bool* is_none);
 bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, double* out, bool* is_none);
@@ -75,8 +88,8 @@ bool check_same_device(const char* op, const char* name, const TensorArg& t, int
 struct OutSpec {
   DType dtype = UNKNOWN;
   int ndim = 0;
-  int64_t shape[kMaxDims] = {};
-  int64_t stride[kMaxDims] = {};
+  int64_t shape[kMaxDims];  // set below ndim by the stub
+  int64_t stride[kMaxDims];
   int64_t storage = -1;  // elements to allocate; -1: dense (derived from shape)
 };
 // Holds a new reference to the output tensor until it is returned.
@@ -137,17 +150,17 @@ union ParamSlot {
 };
 bool fits_int32(const char* op, const char* name, int64_t v);
 
-// A kernel argument before it is converted to the kernel's parameter type.
+// A kernel argument before it is converted to the kernel's parameter type
+// (the stubs build every field of their KArgs from a value: no default).
 struct ArgValue {
-  void* p = nullptr;
-  int64_t i = 0;
-  double f = 0;
-  ArgValue() = default;
-  ArgValue(void* v) : p(v) {}
-  ArgValue(double v) : i(static_cast<int64_t>(v)), f(v) {}
+  void* p;
+  int64_t i;
+  double f;
+  ArgValue(void* v) : p(v), i(0), f(0) {}
+  ArgValue(double v) : p(nullptr), i(static_cast<int64_t>(v)), f(v) {}
   ArgValue(float v) : ArgValue(static_cast<double>(v)) {}
   template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-  ArgValue(T v) : i(static_cast<int64_t>(v)), f(static_cast<double>(v)) {}
+  ArgValue(T v) : p(nullptr), i(static_cast<int64_t>(v)), f(static_cast<double>(v)) {}
 };
 
 // A static-config value as the stubs compare it with the prebuilt table.
