@@ -15,7 +15,9 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
 * the bare launch cost of the same kernel with the same arguments, measured in
   the same run (``_C._replay_last_launch``), as the faster of a plain
   ``cuLaunchKernel`` loop and a loop of the op's own launch (``cuLaunchKernelEx``
-  as a programmatic dependent), and the host overhead of our launch path above it;
+  as a programmatic dependent), and the host overhead of our launch path above it:
+  best op loop minus best bare loop, and ("paired") the median over rounds of the op
+  loop minus the faster bare loop of the same round, both under the same host state;
 * bytes moved (from the kernel spec's formula in the manifest), TB/s, and the
   share of the device-to-device copy bandwidth measured in the same run;
 * the PyTorch reference and, when importable, TileKernels' JIT kernels (device
@@ -155,26 +157,31 @@ def _loop_us(fn, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def _interleaved_us(loops, n=2500, rounds=10):
-    """Host time per call of pipelined loops of ``n`` calls (after 100 warm-up calls each):
-    each round runs every loop once, in turn, and each keeps its best round, so that a
-    passing disturbance of the host (they last longer than one loop) does not fall on one
-    loop alone.  (The lent H200 hosts are virtual machines whose speed drifts over tens of
-    milliseconds: more, shorter rounds give each loop more chances at a quiet stretch.)  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead of
-    each of the loop's rounds."""
+def _rounds_us(loops, n=2500, rounds=10):
+    """Host time per call of pipelined loops of ``n`` calls (after 100 warm-up calls each),
+    run interleaved: each round runs every loop once, in turn, so that a passing
+    disturbance of the host (they last longer than one loop) does not fall on one loop
+    alone.  (The lent H200 hosts are virtual machines whose speed drifts over tens of
+    milliseconds.)  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead
+    of each of the loop's rounds.  Returns name -> the loop's time in each round."""
     for fn, before in loops.values():
         if before is not None:
             before()
         for _ in range(100):
             fn()
     torch.cuda.synchronize()
-    best = dict.fromkeys(loops, math.inf)
+    times = {name: [] for name in loops}
     for _ in range(rounds):
         for name, (fn, before) in loops.items():
             if before is not None:
                 before()
-            best[name] = min(best[name], _loop_us(fn, n))
-    return best
+            times[name].append(_loop_us(fn, n))
+    return times
+
+
+def _interleaved_us(loops, n=2500, rounds=10):
+    """Each loop's best round of ``_rounds_us``."""
+    return {name: min(t) for name, t in _rounds_us(loops, n, rounds).items()}
 
 
 def _event_us(fn, reps=20):
@@ -249,15 +256,19 @@ def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
     # at small shapes a loop of either can be bound by the GPU rather than the host.  The
     # overhead is taken over the faster of the two.  Both replay the launch of a call with
     # out= (made right before them), never one into freed outputs.
-    host = _interleaved_us({
+    rounds = _rounds_us({
         "out": (call_out, None),
         "alloc": (_direct_call(fn, args, kwargs), None),
         "bare_plain": (lambda: _C._replay_last_launch(1), call_out),
         "bare_dependent": (lambda: _C._replay_last_launch(1, True), call_out),
     })
+    host = {name: min(t) for name, t in rounds.items()}
     eager_out, eager_alloc = host["out"], host["alloc"]
     bare_plain, bare_dependent = host["bare_plain"], host["bare_dependent"]
     bare = min(bare_plain, bare_dependent)
+    bare_rounds = [min(p, d) for p, d in zip(rounds["bare_plain"], rounds["bare_dependent"])]
+    paired_out = statistics.median(o - b for o, b in zip(rounds["out"], bare_rounds))
+    paired_alloc = statistics.median(a - b for a, b in zip(rounds["alloc"], bare_rounds))
     ref = _resolve(f"tile_kernels_aot.torch.{ref_module}.{ref_name}")
     ref_us = _event_us(lambda: ref(*args, **kwargs), reps=5)
     row = {
@@ -266,6 +277,7 @@ def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
         "eager_out_us": eager_out, "eager_alloc_us": eager_alloc, "bare_launch_us": bare,
         "bare_plain_us": bare_plain, "bare_dependent_us": bare_dependent,
         "overhead_out_us": eager_out - bare, "overhead_alloc_us": eager_alloc - bare,
+        "overhead_out_paired_us": paired_out, "overhead_alloc_paired_us": paired_alloc,
         "reference_us": ref_us, "input_sets": sets,
     }
     return row, calls, (args, inputs, kwargs)
@@ -333,12 +345,14 @@ def format_table(result: dict) -> str:
     lines = [f"{result['gpu']}, torch {result['torch']}, {result['date']}: copy bandwidth {result['copy_tbs']:.2f} TB/s, "
              f"first call in a fresh process {first}", "",
              "| op | tokens | device us | kernel us | TB/s | % of copy | eager out= us | eager alloc us | bare launch us | "
-             "overhead out= us | overhead alloc us | torch ref us |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "overhead out= us | overhead alloc us | paired out= / alloc us | torch ref us |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
+        paired = (f"{r['overhead_out_paired_us']:+.2f} / {r['overhead_alloc_paired_us']:+.2f}"
+                  if "overhead_out_paired_us" in r else "-")  # (rows of runs before the seventh session)
         lines.append(f"| {r['op']} | {r['num_tokens']} | {r['device_us']:.1f} | {r['kernel_us']:.1f} | {r['tbs']:.2f} | "
                      f"{100 * r['copy_share']:.0f}% | {r['eager_out_us']:.2f} | {r['eager_alloc_us']:.2f} | {r['bare_launch_us']:.2f} | "
-                     f"{r['overhead_out_us']:+.2f} | {r['overhead_alloc_us']:+.2f} | {r['reference_us']:.1f} |")
+                     f"{r['overhead_out_us']:+.2f} | {r['overhead_alloc_us']:+.2f} | {paired} | {r['reference_us']:.1f} |")
     upstream = [r for r in result["rows"] if "tilekernels_kernel_us" in r]
     if upstream:
         lines += ["", "TileKernels JIT on the same inputs, measured the same way:", "",
