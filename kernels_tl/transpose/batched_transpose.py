@@ -128,6 +128,14 @@ Kept: M innermost, bf16 128 x 128, fp32 64 x 128, fp8 128 x 256, 3 blocks
 (96 KiB of tiles) per SM for each dtype: 34.5 / 132.0 / 34.7 / 35.0-35.2.
 ptxas: 53-56 registers for every config on both archs, no spills.  Streaming
 (``st.global.cs``) stores were 0.2-0.3 us slower.
+
+Round 4 (issue 2, seventh session; cache hints on the full-tile loads, same sweep
+shapes, two interleaved repeats): ``ld.global.L2::256B`` (fetch 256-byte sectors, a
+tile row piece) 34.09-34.10 us against 34.10-34.21 for the shipped loads, i.e. no
+change; an L2 evict-first policy with ``L1::no_allocate`` 35.25-35.46 and both together
+35.43-35.44, 1.1-1.3 us slower at every shape (4-5% at 16384 x 8192).  The plain loads
+stay.  Since the fifth session the kernel runs 33.8-34.2 us (with programmatic
+dependent launch), 94-96% of the bandwidth of a 1 GiB copy on the same machine.
 """
 
 from tilelang import language as T
