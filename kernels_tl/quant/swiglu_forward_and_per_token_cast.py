@@ -433,13 +433,10 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
         round_sf: T.int32,
         sf_clamp_min: T.float32,
     ):
-        if plain:
-            # no optional input: the flags are compile-time zeros, one straight-line copy
-            body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-                 0, 0, CLAMP_NONE, swiglu_clamp_value, round_sf, sf_clamp_min)
-        else:
-            body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-                 has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min)
+        # plain (no optional input): the flags are compile-time zeros, one straight-line copy
+        body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+             0 if plain else has_weights, 0 if plain else has_pos_to_expert, CLAMP_NONE if plain else clamp_mode,
+             swiglu_clamp_value, round_sf, sf_clamp_min)
 
     return swiglu_forward_and_per_token_cast
 
