@@ -136,6 +136,30 @@ change; an L2 evict-first policy with ``L1::no_allocate`` 35.25-35.46 and both t
 35.43-35.44, 1.1-1.3 us slower at every shape (4-5% at 16384 x 8192).  The plain loads
 stay.  Since the fifth session the kernel runs 33.8-34.2 us (with programmatic
 dependent launch), 94-96% of the bandwidth of a 1 GiB copy on the same machine.
+
+Round 5 (issue 2, eighth session; one sm_90a wheel per variant, the same four shapes,
+two interleaved repeats per machine; "alone": the CUPTI duration of one launch issued
+after the previous one finished, as the bench's kernel time).  A block waits for the
+previous grid (``griddepcontrol.wait``) before its first request, so in a stream of
+transposes each grid's drain is followed by the next grid's ramp-up.  Tried: before the
+wait, an L2 prefetch of the tile's rows (legal there: L2 holds the one copy of every
+line, so the previous grid's stores still reach the loads after the wait).  Measured
+(us at 8192 x 4096 bf16, graph / alone; base 33.96-34.31 / 34.20-34.29):
+
+* ``cp.async.bulk.prefetch.L2`` of each 256-byte row piece (one thread per tile row),
+  3 blocks per SM: 33.55-33.82 / 35.45-35.54; 2 blocks per SM: 33.37-33.62 /
+  35.96-36.04 (16384 x 8192: 129.0-129.9 against 131.1-131.6 in graphs);
+* only in the first wave of blocks (linear block index < ``%nsmid`` x blocks per SM,
+  the blocks that can be resident before the previous grid ends), 3 blocks per SM:
+  bulk 33.84 / 35.45-35.50, bulk from all 8 warps 33.79-33.88 / 35.04-35.14, a
+  ``prefetch.global.L2`` per 128-byte line from every 8th thread 33.82-33.85 /
+  34.84-34.88;
+* 2 blocks per SM without a prefetch: 34.04-34.27 / 34.44-34.49.
+
+Every prefetch variant gains 0.2-0.7 us between back-to-back transposes and loses
+0.6-1.8 us for a transpose that runs alone (after a kernel that is not a programmatic
+primary, or after a gap).  Not taken: the bench's graphs would improve by making the
+kernel slower wherever nothing overlaps its start.
 """
 
 from tilelang import language as T
