@@ -71,7 +71,7 @@ def generate_kernel_unit(kernel_spec, ops, kernel_manifest: dict, source: str) -
     out = [PROLOGUE.format(source=source)]
     kid = ident(kernel_spec.name)
     out.append(f"struct KArgs {{\n" + "".join(f"  ArgValue {f};\n" for f in fields) + "};\n")
-    out.append("using Launcher = bool (*)(const char*, int, const KArgs&);\n")
+    out.append("using Launcher = bool (*)(const char*, int, void*, const KArgs&);\n")
 
     # one launcher per prebuilt build
     table_rows = []
@@ -119,7 +119,7 @@ def _launcher(fn: str, build: dict, fields: list, kernel_name: str) -> str:
     missing = [n for n in names if n not in fields]
     if missing:
         raise ValueError(f"{kernel_name}: kernel parameters {missing} have no kernel_args entry in its OpSpecs")
-    lines = [f"bool {fn}(const char* op, int device, const KArgs& a) {{\n"]
+    lines = [f"bool {fn}(const char* op, int device, void* stream, const KArgs& a) {{\n"]
     for f in fields:
         lines.append(f"  [[maybe_unused]] const int64_t {f} = a.{f}.i;\n")
     n = max(len(names), 1)
@@ -141,7 +141,7 @@ def _launcher(fn: str, build: dict, fields: list, kernel_name: str) -> str:
     pdl = "true" if build["pdl"] else "false"
     lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, "
                  f"{cpp_string(build['entry'])}, {pdl}}};\n")
-    lines.append(f"  return launch(op, &entry, device, g, s, {len(names)});\n}}\n")
+    lines.append(f"  return launch(op, &entry, device, stream, g, s, {len(names)});\n}}\n")
     return "".join(lines)
 
 
@@ -221,6 +221,8 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     L.append("  const int arch = device_arch(op, device);\n  if (arch < 0) return nullptr;\n")
     L.append(f"  const Launcher launcher = kLaunch[cfg][arch];\n")
     L.append(f"  if (launcher == nullptr) {{ runtime_error(op, \"this build has no %s kernel for this configuration\", kArchNames[arch]); return nullptr; }}\n")
+    # the current stream, asked once: outputs are allocated for it and the kernel runs on it
+    L.append("  void* stream;\n  if (!current_stream(op, device, &stream)) return nullptr;\n")
     # outputs: specs first, then one make_outputs call (one allocation for all new outputs)
     nout = len(op.outs)
     if nout > 8:
@@ -241,7 +243,7 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     if nout:
         L.append(f"  static const char* const out_names[] = {{{', '.join(cpp_string(o.name) for o in op.outs)}}};\n")
         L.append(f"  Output outs[{nout}];\n")
-        L.append(f"  if (!make_outputs(op, {nout}, out_names, v + {npos}, specs, device, outs)) return nullptr;\n")
+        L.append(f"  if (!make_outputs(op, {nout}, out_names, v + {npos}, specs, device, stream, outs)) return nullptr;\n")
     for k, o in enumerate(op.outs):
         L.append(f"  const TensorArg& {o.name} = outs[{k}].t;\n  (void){o.name};\n")
     # launch
@@ -249,7 +251,7 @@ def _op_function(op: OpSpec, kernel_spec, fields: list) -> str:
     L.append(f"  if ({op.launch_when}) {{\n    const KArgs a{{\n")
     for name in fields:
         L.append(f"        ArgValue({op.kernel_args.get(name, 0)}),  // {name}\n")
-    L.append("    };\n    if (!launcher(op, device, a)) return nullptr;\n  }\n")
+    L.append("    };\n    if (!launcher(op, device, stream, a)) return nullptr;\n  }\n")
     index = {o.name: k for k, o in enumerate(op.outs)}
     if len(op.returns) == 1:
         L.append(f"  return outs[{index[op.returns[0]]}].release();\n")

@@ -463,7 +463,7 @@ void release_kept_outputs() {
 }
 
 bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
-                  int device, Output* outs) {
+                  int device, void* stream, Output* outs) {
   constexpr int64_t kAlign = 256;
   int64_t offsets[kMaxOutputs];
   int64_t total = 0;
@@ -480,11 +480,6 @@ bool make_outputs(const char* op, int n, const char* const* names, PyObject* con
   if (fresh == 0) return true;
   const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
   if (api == nullptr) return runtime_error(op, "no torch tensor seen yet to allocate outputs with");
-  void* stream = nullptr;
-  if (api->current_work_stream(kDLCUDA, device, &stream) != 0) {
-    if (!PyErr_Occurred()) runtime_error(op, "cannot get the current CUDA stream");
-    return false;
-  }
   // The legacy default stream (nullptr) cannot be captured; any other stream is asked.
   bool reusable = total <= kMaxKeptBytes;
   if (reusable && stream != nullptr) {
@@ -660,7 +655,17 @@ cu::CUresult issue(const cu::Driver* d, KernelEntry* e, const Geometry& g, cu::C
 }
 }  // namespace
 
-bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, ParamSlot* slots, int nparams) {
+bool current_stream(const char* op, int device, void** stream) {
+  *stream = nullptr;
+  const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
+  if (api != nullptr && api->current_work_stream(kDLCUDA, device, stream) != 0) {
+    if (!PyErr_Occurred()) runtime_error(op, "cannot get the current CUDA stream");
+    return false;
+  }
+  return true;
+}
+
+bool launch(const char* op, KernelEntry* e, int device, void* stream, const Geometry& g, ParamSlot* slots, int nparams) {
   if (nparams > kMaxParams) return runtime_error(op, "kernel has %d parameters; at most %d are supported", nparams, kMaxParams);
   void* params[kMaxParams];
   for (int i = 0; i < nparams; ++i) params[i] = &slots[i];
@@ -691,12 +696,6 @@ bool launch(const char* op, KernelEntry* e, int device, const Geometry& g, Param
                                              kernel, device);
     if (r != cu::CUDA_SUCCESS) return runtime_error(op, "cannot raise the shared memory limit: %s", cu::describe(r).c_str());
     e->smem_set[device].store(static_cast<uint64_t>(g.dyn_smem) + 1, std::memory_order_relaxed);
-  }
-  const DLPackExchangeAPI* api = g_api.load(std::memory_order_relaxed);
-  void* stream = nullptr;
-  if (api != nullptr && api->current_work_stream(kDLCUDA, device, &stream) != 0) {
-    if (!PyErr_Occurred()) runtime_error(op, "cannot get the current CUDA stream");
-    return false;
   }
   cu::CUresult r = issue(d, e, g, static_cast<cu::CUstream>(stream), params, true);
   if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());

@@ -104,10 +104,11 @@ struct Output {
 constexpr int kMaxOutputs = 8;
 // The `n` outputs of a call: each `given[i]` (borrowed; nullptr or None when not
 // passed) is a caller's out= tensor, checked against specs[i]; the others are
-// allocated on `device`, together, in one allocation; a small one may be a recently
-// freed allocation of an earlier call on the same device and stream.
+// allocated on `device` for `stream` (the call's current_stream), together, in one
+// allocation; a small one may be a recently freed allocation of an earlier call on the
+// same device and stream.
 bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
-                  int device, Output* outs);
+                  int device, void* stream, Output* outs);
 void dense_strides(OutSpec* spec);
 // Hands the output memory kept for reuse (see make_outputs) back to torch's allocator.
 void release_kept_outputs();
@@ -131,9 +132,13 @@ struct KernelEntry {
 // The arch index (into kArchNames) of a CUDA device, or -1 with an error set.
 int device_arch(const char* op, int device);
 union ParamSlot;
-// Launches `entry` on the current torch stream of `device`; `slots` hold the
-// kernel's `nparams` parameters in device order.
-bool launch(const char* op, KernelEntry* entry, int device, const Geometry& g, ParamSlot* slots, int nparams);
+// torch's current stream of `device` (nullptr, the legacy default stream, before any
+// torch tensor was seen); a stub asks once per call, for its outputs and its launch.
+bool current_stream(const char* op, int device, void** stream);
+// Launches `entry` on `stream` (the call's current_stream); `slots` hold the kernel's
+// `nparams` parameters in device order.
+bool launch(const char* op, KernelEntry* entry, int device, void* stream, const Geometry& g, ParamSlot* slots,
+            int nparams);
 // Re-issues this thread's last launch `n` times with bare driver calls (the bench's
 // baseline for host overhead): plain cuLaunchKernel, or with `dependent` the op's own
 // launch (cuLaunchKernelEx as a programmatic dependent, for kernels that allow it).
