@@ -21,6 +21,12 @@ multiple of 64 rows and/or columns: two block-uniform flags (``m_full``,
 and N, and full tiles take a branch without any predicate.  Every thread
 moves 8 chunks (128 bytes) in and 128 bytes out: 256 threads for each dtype.
 
+0. wait for the previous grid (programmatic dependent launch: blocks of the
+   first wave may be resident before that grid has finished).  In the first
+   ``%nsmid`` blocks (about one per SM) warp 0 waits and the last warp
+   prefetches the tile into L2 if the wait is still on after
+   ``PREFETCH_AFTER_CYCLES``, so the previous grid's drain overlaps this grid's
+   first reads.  Every other block only waits (see "Tuning", round 6).
 1. global -> shared: consecutive threads take consecutive 16-byte chunks of
    the tile, row-major (a 128-byte line per 8 threads; a tile row is 2 (bf16,
    fp8) or 4 (fp32) lines).  On the full-tile path a thread's 8 loads are all
@@ -160,6 +166,38 @@ Every prefetch variant gains 0.2-0.7 us between back-to-back transposes and lose
 0.6-1.8 us for a transpose that runs alone (after a kernel that is not a programmatic
 primary, or after a gap).  Not taken: the bench's graphs would improve by making the
 kernel slower wherever nothing overlaps its start.
+
+Round 6 (issue 2, ninth session; same harness, alone from 64-128 launches a process).  Prefetch
+only while the previous grid still runs.  A probe kernel launched as a programmatic
+dependent measured its ``griddepcontrol.wait``: 2-7 cycles after an idle GPU, at most 296
+cycles after a plain kernel, and up to 27,000 (p90 8,400-9,400) after a running primary
+that had triggered.  So a block can tell that it started early by a wait that has not
+returned after a few thousand cycles: warp 0 waits and then arrives on an mbarrier, the
+last warp polls the mbarrier and prefetches the tile (per 128-byte line) once
+``PREFETCH_AFTER_CYCLES`` have passed without the arrival.  Measured (us at 8192 x 4096
+bf16, graph / alone; the kernel before this round 34.01-34.25 / 34.21-34.33):
+
+* the protocol in every block (a shared flag, one block barrier first): 33.55-33.88 /
+  34.64-34.92; the same without the prefetch instruction: 33.97-34.16 / 34.49-34.77,
+  i.e. the alone cost is the protocol's (barriers and polling delay the loads), not
+  the prefetch's, which never issues when the grid starts alone;
+* in the first wave only (linear block index < ``%nsmid`` x 3), mbarrier, poll 2,000 /
+  4,000 / 8,000 / 16,000 cycles: 33.76-33.82 / 33.07-33.20 / 33.28-33.33 / 33.98-34.11 in
+  graphs (presumably a short poll lets blocks that start in the last microsecond of the
+  previous grid prefetch, and those slow its drain), alone 34.26-34.61;
+* 4,000 cycles, in the first block per SM only (index < ``%nsmid``): 33.11-33.16 /
+  34.30-34.37; the first two per SM: 33.07-33.21 / 34.41-34.48; all three:
+  33.04-33.08 / 34.47-34.60; the kernel before 34.03-34.13 / 34.30-34.33 (same run,
+  three processes each).
+
+Taken: the first block per SM, 4,000 cycles: about 0.9 us (3%) faster between
+back-to-back transposes, and no measurable cost alone.  (The same overlap should apply
+after any kernel that triggers its dependents early, as every kernel of this package
+does; not measured.)  Sanitizers: a version that synchronised only warp 0 and the last
+warp, by a named barrier (``bar.arrive`` / ``bar.sync 1, 64``), drew racecheck errors on
+the tile, and synccheck errors with ``bar.sync`` on both sides; with one block barrier
+(the shipped code, with all three blocks per SM taking part) memcheck, racecheck and
+synccheck are clean.
 """
 
 from tilelang import language as T
@@ -186,6 +224,50 @@ def _smem_bytes(tile_bytes: int, blocks_per_sm: int):
     assert blocks_per_sm * (size + 1024) <= SMEM_PER_SM < (blocks_per_sm + 1) * (size + 1024)
     return size
 
+
+
+# Cycles the last warp of a first-wave block polls for the release of the previous grid
+# before it prefetches the block's tile (~2 us at 1.98 GHz; see "Round 6").
+PREFETCH_AFTER_CYCLES = 4000
+
+# Device helpers: the SM count (%nsmid), and the wait of a block that may start early.
+# Thread 0 initialises an mbarrier (one barrier makes that visible to the block); warp 0
+# waits for the previous grid and then arrives on it (phase 0 completes when the wait has
+# returned); the last warp polls it and, while the wait is still on after
+# PREFETCH_AFTER_CYCLES, prefetches the tile into L2, one prefetch.global.L2 per 128-byte
+# line.  A prefetch is only a hint and L2 holds the one copy of every line, so the
+# previous grid's stores still reach the loads made after the wait.  (A named barrier
+# between warp 0 and the last warp instead of the block barrier: racecheck and synccheck
+# report errors on it.)
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ int tka_num_sms() { int v; asm("mov.u32 %%0, %%%%nsmid;" : "=r"(v)); return v; }
+__device__ __forceinline__ void tka_prefetch_while_waiting(const void* tile, long long row_stride_bytes, int rows,
+                                                           int row_bytes, int prefetch) {
+  __shared__ __align__(8) unsigned long long released;
+  const unsigned bar = (unsigned)__cvta_generic_to_shared(&released);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
+  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(bar) : "memory");
+  __syncthreads();
+  if (warp == 0) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(bar) : "memory");
+  } else if (warp == blockDim.x / 32 - 1) {
+    const long long start = clock64();
+    unsigned done;
+    do {
+      asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%%1], 0; selp.u32 %%0, 1, 0, p; }"
+                   : "=r"(done) : "r"(bar) : "memory");
+    } while (!done && clock64() - start < %d);
+    if (!done && prefetch) {
+      const char* base = (const char*)tile;
+      const int lines_per_row = row_bytes / 128;
+      for (int i = lane; i < rows * lines_per_row; i += 32)
+        asm volatile("prefetch.global.L2 [%%0];" :: "l"(base + (i / lines_per_row) * row_stride_bytes + (i %% lines_per_row) * 128)
+                     : "memory");
+    }
+  }
+}
+""" % PREFETCH_AFTER_CYCLES
 
 def _byte_perm(a, b, selector: int):
     """PRMT: byte k of the result is byte ``selector >> 4k & 7`` of {b, a}."""
@@ -239,7 +321,6 @@ def batched_transpose_kernel(dtype: str):
             pid_n,
             pid_b,
         ):
-            wait_for_previous_grid()  # programmatic dependent launch
             # Chunk / piece views: every global access below is a single 16-byte
             # (narrow path: 4-element) load or store.  Row lengths are written
             # as whole 64-element sub-tiles, which they are.
@@ -266,6 +347,19 @@ def batched_transpose_kernel(dtype: str):
             # (block-uniform flags; edge tiles test every access).
             m_full = pid_m * TM + TM <= rows
             n_full = pid_n * TN + TN <= cols
+            full = (wide != 0 or NP == 1) and m_full and n_full  # the branch-free 16-byte path
+
+            # Only blocks of the first wave (by linear index) can start before the previous
+            # grid ends (programmatic dependent launch); the first block of each SM's worth
+            # prefetches while it runs (see "Round 6": one per SM gains as much as three,
+            # and costs nothing measurable when nothing runs before).
+            T.import_source(DEVICE_SOURCE)
+            starts_early = ((pid_b * T.ceildiv(cols, TN) + pid_n) * T.ceildiv(rows, TM) + pid_m
+                          < T.call_extern(T.int32, "tka_num_sms"))
+            if starts_early:
+                T.evaluate(T.call_extern("void", "tka_prefetch_while_waiting", T.address_of(x_chunks[pid_b, pid_m * TM, pid_n * C]),
+                                         row_stride * eb, TM, TN * eb, T.Cast(T.int32, full)))
+            wait_for_previous_grid()  # programmatic dependent launch
 
             # 1. global -> shared.  Consecutive threads take consecutive chunks
             # of a tile row (whole 128-byte lines); pass i covers tile rows
@@ -274,7 +368,7 @@ def batched_transpose_kernel(dtype: str):
             # before the first store.
             c = tid % C
             col_ok = pid_n * C + c < cols // V
-            if (wide != 0 or NP == 1) and m_full and n_full:
+            if full:
                 for i in T.unroll(CHUNKS_PER_THREAD):
                     r = i * rows_per_pass + tid // C
                     tile[smem_chunk(r, c)] = x_chunks[pid_b, pid_m * TM + r, pid_n * C + c]

@@ -43,6 +43,9 @@ for cfg in manifest.configs("transpose.batched_transpose"):
     # every dtype (each has its own tile shape); edge tiles in both dims, padded rows
     dtype = getattr(torch, cfg["dtype"])
     transpose.batched_transpose(x(3 * 448, 384, dtype).view(3, 448, 384)[:, :, :320])
+    # back to back, the second reading the first's output: its first blocks may start early
+    # and prefetch while they wait
+    transpose.transpose(transpose.transpose(x(2048, 1024, dtype)))
 if manifest.configs("quant.per_token_cast"):
     # each call's outputs are freed at once and back the next, smaller call (kept memory is
     # reused for requests down to half its size)

@@ -48,6 +48,20 @@ def test_offset_start(dtype, gen):
     assert_bits_equal(tp.transpose(x), ref.transpose(x.cpu()), f"offset start {dtype}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_back_to_back_reads_previous_output(dtype, gen):
+    """Seven transposes queued back to back, each reading the output of the one before: the
+    first blocks of a grid start while the previous grid still writes that output, and
+    prefetch it into L2 before they wait for that grid (see the kernel's "Round 6")."""
+    x = _random((8192, 4096), dtype, gen)
+    outs = [poisoned((4096, 8192), x.dtype), poisoned((8192, 4096), x.dtype)]
+    y = x
+    for i in range(7):
+        y = tp.transpose(y, out=outs[i % 2])
+    assert_bits_equal(y, ref.transpose(x.cpu()), f"seven back-to-back transposes {dtype}")
+    assert_bits_equal(outs[1], x, f"six back-to-back transposes {dtype}")
+
+
 def test_rejects_bad_shapes():
     x = torch.randn(96, 64, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="transpose"):
