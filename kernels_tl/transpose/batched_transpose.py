@@ -233,41 +233,41 @@ PREFETCH_AFTER_CYCLES = 4000
 # Device helpers: the SM count (%nsmid), and the wait of a block that may start early.
 # Thread 0 initialises an mbarrier (one barrier makes that visible to the block); warp 0
 # waits for the previous grid and then arrives on it (phase 0 completes when the wait has
-# returned); the last warp polls it and, while the wait is still on after
-# PREFETCH_AFTER_CYCLES, prefetches the tile into L2, one prefetch.global.L2 per 128-byte
+# returned); the last warp polls it and, while the wait is still on after ``poll_cycles``
+# (PREFETCH_AFTER_CYCLES), prefetches the tile into L2, one prefetch.global.L2 per 128-byte
 # line.  A prefetch is only a hint and L2 holds the one copy of every line, so the
 # previous grid's stores still reach the loads made after the wait.  (A named barrier
 # between warp 0 and the last warp instead of the block barrier: racecheck and synccheck
 # report errors on it.)
 DEVICE_SOURCE = r"""
-__device__ __forceinline__ int tka_num_sms() { int v; asm("mov.u32 %%0, %%%%nsmid;" : "=r"(v)); return v; }
+__device__ __forceinline__ int tka_num_sms() { int v; asm("mov.u32 %0, %%nsmid;" : "=r"(v)); return v; }
 __device__ __forceinline__ void tka_prefetch_while_waiting(const void* tile, long long row_stride_bytes, int rows,
-                                                           int row_bytes, int prefetch) {
+                                                           int row_bytes, int prefetch, int poll_cycles) {
   __shared__ __align__(8) unsigned long long released;
   const unsigned bar = (unsigned)__cvta_generic_to_shared(&released);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
-  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(bar) : "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar) : "memory");
   __syncthreads();
   if (warp == 0) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%%0];" :: "r"(bar) : "memory");
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
   } else if (warp == blockDim.x / 32 - 1) {
     const long long start = clock64();
     unsigned done;
     do {
-      asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%%1], 0; selp.u32 %%0, 1, 0, p; }"
+      asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                    : "=r"(done) : "r"(bar) : "memory");
-    } while (!done && clock64() - start < %d);
+    } while (!done && clock64() - start < poll_cycles);
     if (!done && prefetch) {
       const char* base = (const char*)tile;
       const int lines_per_row = row_bytes / 128;
       for (int i = lane; i < rows * lines_per_row; i += 32)
-        asm volatile("prefetch.global.L2 [%%0];" :: "l"(base + (i / lines_per_row) * row_stride_bytes + (i %% lines_per_row) * 128)
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(base + (i / lines_per_row) * row_stride_bytes + (i % lines_per_row) * 128)
                      : "memory");
     }
   }
 }
-""" % PREFETCH_AFTER_CYCLES
+"""
 
 def _byte_perm(a, b, selector: int):
     """PRMT: byte k of the result is byte ``selector >> 4k & 7`` of {b, a}."""
@@ -300,6 +300,7 @@ def batched_transpose_kernel(dtype: str):
     num_batches = T.dynamic("num_batches")
     rows = T.dynamic("rows")  # M
     cols = T.dynamic("cols")  # N
+    tiles_m, tiles_n = T.ceildiv(rows, TM), T.ceildiv(cols, TN)  # grid x and y
     batch_stride = T.dynamic("batch_stride", "int64")  # elements
     row_stride = T.dynamic("row_stride", "int64")  # elements
 
@@ -316,7 +317,7 @@ def batched_transpose_kernel(dtype: str):
     ):
         # Consecutive blocks take consecutive tiles down M: together they write
         # whole output rows (see the docstring).
-        with T.Kernel(T.ceildiv(rows, TM), T.ceildiv(cols, TN), num_batches, threads=threads) as (
+        with T.Kernel(tiles_m, tiles_n, num_batches, threads=threads) as (
             pid_m,
             pid_n,
             pid_b,
@@ -354,11 +355,11 @@ def batched_transpose_kernel(dtype: str):
             # prefetches while it runs (see "Round 6": one per SM gains as much as three,
             # and costs nothing measurable when nothing runs before).
             T.import_source(DEVICE_SOURCE)
-            starts_early = ((pid_b * T.ceildiv(cols, TN) + pid_n) * T.ceildiv(rows, TM) + pid_m
+            starts_early = ((pid_b * tiles_n + pid_n) * tiles_m + pid_m
                           < T.call_extern(T.int32, "tka_num_sms"))
             if starts_early:
                 T.evaluate(T.call_extern("void", "tka_prefetch_while_waiting", T.address_of(x_chunks[pid_b, pid_m * TM, pid_n * C]),
-                                         row_stride * eb, TM, TN * eb, T.Cast(T.int32, full)))
+                                         row_stride * eb, TM, TN * eb, T.Cast(T.int32, full), PREFETCH_AFTER_CYCLES))
             wait_for_previous_grid()  # programmatic dependent launch
 
             # 1. global -> shared.  Consecutive threads take consecutive chunks
