@@ -226,7 +226,6 @@ def _smem_bytes(tile_bytes: int, blocks_per_sm: int):
     return size
 
 
-
 # Cycles the last warp of a first-wave block polls for the release of the previous grid
 # before it prefetches the block's tile (~2 us at 1.98 GHz; see "Round 6").
 PREFETCH_AFTER_CYCLES = 4000
@@ -269,6 +268,7 @@ __device__ __forceinline__ void tka_prefetch_while_waiting(const void* tile, lon
   }
 }
 """
+
 
 def _byte_perm(a, b, selector: int):
     """PRMT: byte k of the result is byte ``selector >> 4k & 7`` of {b, a}."""
@@ -352,9 +352,9 @@ def batched_transpose_kernel(dtype: str):
             full = (wide != 0 or NP == 1) and m_full and n_full  # the branch-free 16-byte path
 
             # Only blocks of the first wave (by linear index) can start before the previous
-            # grid ends (programmatic dependent launch); the first block of each SM's worth
-            # prefetches while it runs (see "Round 6": one per SM gains as much as three,
-            # and costs nothing measurable when nothing runs before).
+            # grid ends (programmatic dependent launch); the first %nsmid of them (about one
+            # per SM) may prefetch while they wait (see "Round 6": one per SM gains as much
+            # as three, and costs nothing measurable when nothing runs before).
             T.import_source(DEVICE_SOURCE)
             starts_early = ((pid_b * tiles_n + pid_n) * tiles_m + pid_m
                           < T.call_extern(T.int32, "tka_num_sms"))

@@ -17,8 +17,8 @@ to be bit-exact against these references):
   multiply, in that order.  A routing weight, when present, multiplies last:
   ``((l / (1 + exp(-l))) * r) * w``.  In the forward functions the quotient is
   -0 for ``l <= -87.5`` (there ``exp(-l) >= 2^126`` and its magnitude is below
-  2^-119; the kernels' divide flushes it, and from -88.8 down the IEEE quotient
-  is -0 anyway).
+  2^-119; the kernels' divide flushes it, and below about -88.72, where
+  ``exp(-l)`` overflows to inf, the IEEE quotient is -0 anyway).
 * Every division is an IEEE float32 division (never a multiplication by a
   reciprocal; PyTorch's scalar divisions are avoided for that reason).
 * The backward pass has one fused multiply-add, ``fma(l, 1 - s, 1)`` (nvcc
