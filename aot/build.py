@@ -23,27 +23,8 @@ from aot import manifest as mf
 from aot import stubgen
 from aot.cubin import cubin_arch, has_ptx
 from aot.table import config_key, load_table
-
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels_tl"
-
-
-def kernel_names() -> tuple:
-    """Every kernel the tree defines, sorted: ``family.op`` for each
-    ``kernels_tl/<family>/<op>.py`` that exports a ``KERNEL`` spec (a new family or op
-    needs no registration here).  A spec must carry its module's name."""
-    names = []
-    for path in sorted(KERNELS_DIR.glob("*/*.py")):
-        if path.stem.startswith("_"):
-            continue
-        name = f"{path.parent.name}.{path.stem}"
-        spec = getattr(lw.kernel_module(name), "KERNEL", None)
-        if spec is None:
-            continue
-        if spec.name != name:
-            raise ValueError(f"kernels_tl/{path.parent.name}/{path.name}: KERNEL.name is {spec.name!r}, expected {name!r}")
-        names.append(name)
-    return tuple(names)
-
+from aot.targets import ARCH_NAMES
+from kernels_tl.folders import op_folders
 
 def cubin_name(kernel: str, config: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{kernel}__{config_key(config).replace(',', '__')}") + ".cubin"
@@ -77,10 +58,11 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     out = Path(out)
     cache_dir = Path(os.environ.get("TKA_CACHE_DIR", Path(__file__).resolve().parent.parent / "build" / "aot-cache"))
     table = load_table(table_path)
-    kernels = kernel_names()
+    folders = op_folders()
+    kernels = [f.kernel for f in folders]
     unknown = [k for k in table if k not in kernels]
     if unknown:
-        raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {list(kernels)}")
+        raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {kernels}")
     tasks = [(k, cfg, arch) for k in kernels for cfg in table.get(k, []) for arch in archs]
     log(f"aot build: {len(tasks)} kernels ({len(archs)} archs) from {table_path} with {jobs} jobs")
     results = {}
@@ -99,10 +81,9 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     manifest = {"schema_version": mf.SCHEMA_VERSION, "toolchain": mf.toolchain(), "archs": list(archs),
                 "table": Path(table_path).name, "kernels": {}, "ops": []}
     units = []
-    for k in kernels:
-        module = lw.kernel_module(k)
-        spec = module.KERNEL
-        entry = {"static": list(spec.static), "bytes": spec.bytes, "configs": []}
+    for folder in folders:
+        k = folder.kernel
+        entry = {"static": list(folder.schema.static), "configs": []}
         for cfg in table.get(k, []):
             builds = {}
             for arch in archs:
@@ -114,10 +95,11 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
                 (kernels_dir / arch).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(cubin, kernels_dir / rel)
                 builds[arch] = mf.kernel_build_record(lowered, rel, data)
-            entry["configs"].append({"config": cfg, "key": config_key(cfg), "builds": builds})
+            entry["configs"].append({"config": cfg, "key": config_key(cfg), "constants": lw.host_constants(k, cfg),
+                                     "builds": builds})
         manifest["kernels"][k] = entry
-        manifest["ops"] += [mf.op_record(op, k, op.bytes or spec.bytes) for op in module.OPS]
-        units.append((spec, module.OPS, entry, f"kernels_tl/{k.replace('.', '/')}.py"))
+        manifest["ops"] += [mf.op_record(op, k) for op in folder.schema.ops]
+        units.append((k, folder.schema, entry, folder.path))
     out.mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out / "manifest.json", manifest)
     stubgen.write_stubs(out / "stubs", units)
@@ -134,13 +116,13 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["build"])
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     parser.add_argument("--table", type=Path, default=DEFAULT_TABLE, help="shape table (default: the wheel's)")
-    parser.add_argument("--arch", default=",".join(lw.ARCHS), help="comma-separated archs (default: %(default)s)")
+    parser.add_argument("--arch", default=",".join(ARCH_NAMES), help="comma-separated archs (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     archs = [a for a in args.arch.split(",") if a]
-    bad = [a for a in archs if a not in lw.ARCHS]
+    bad = [a for a in archs if a not in ARCH_NAMES]
     if bad:
-        parser.error(f"unknown arch {bad}; choose from {lw.ARCHS}")
+        parser.error(f"unknown arch {bad}; choose from {ARCH_NAMES}")
     build(args.out, args.table, archs, max(1, args.jobs), log=lambda s: print(s, flush=True))
     return 0
 

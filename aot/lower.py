@@ -16,12 +16,14 @@ import inspect
 import json
 from pathlib import Path
 
-ARCHS = ("sm_90a", "sm_100a")
+from aot.targets import ARCH_NAMES
+from kernels_tl.folders import op_folder
+
 
 
 @dataclasses.dataclass(frozen=True)
 class LoweredKernel:
-    kernel: str  # KernelSpec.name
+    kernel: str  # the op folder's kernel name, e.g. 'moe.topk_gate'
     config: dict  # static parameters
     arch: str
     entry: str  # the __global__ function's symbol
@@ -43,42 +45,51 @@ class LoweredKernel:
 
 
 def kernel_module(kernel_name: str):
-    """``'moe.topk_gate'`` -> the module ``kernels_tl.moe.topk_gate``."""
-    return importlib.import_module(f"kernels_tl.{kernel_name}")
+    """``'moe.topk_gate'`` -> the module ``kernels_tl.moe.topk_gate.kernel``."""
+    return importlib.import_module(f"kernels_tl.{kernel_name}.kernel")
 
 
 def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
-    """Content hash of everything lowering depends on: the kernel module's source, the
-    modules it may share code from (``kernels_tl/*.py``), this stage's own source, the
-    config, the arch and the TileLang version."""
+    """Content hash of everything lowering depends on: the op folder's ``kernel.py``, the
+    modules kernels may share code from (``kernels_tl/*.py``), this stage's own source,
+    the config, the arch and the TileLang version.  (The host side, ``host.h``, and the
+    schema do not change the cubin.)"""
     import tilelang
 
     module_path = Path(inspect.getfile(kernel_module(kernel_name)))
     h = hashlib.sha256()
     h.update(module_path.read_bytes())
-    for shared in sorted(module_path.parents[1].glob("*.py")):
+    for shared in sorted(module_path.parents[2].glob("*.py")):
         h.update(shared.read_bytes())
     h.update(Path(__file__).read_bytes())
     h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
     return h.hexdigest()
 
 
+def host_constants(kernel_name: str, config: dict) -> dict:
+    """The integers of the kernel's layout its host side needs, for one config (``{}`` when
+    its ``kernel.py`` defines no ``host_constants``)."""
+    fn = getattr(kernel_module(kernel_name), "host_constants", None)
+    return {k: int(v) for k, v in fn(**config).items()} if fn is not None else {}
+
+
 def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     import tilelang
     import tvm
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
-    spec = kernel_module(kernel_name).KERNEL
-    missing = [k for k in spec.static if k not in config]
-    extra = [k for k in config if k not in spec.static]
-    if missing or extra:
-        raise ValueError(f"{kernel_name}: config {config} does not match static params {list(spec.static)}")
+    if arch not in ARCH_NAMES:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCH_NAMES}")
+    folder = op_folder(kernel_name)
+    static = list(folder.schema.static)
+    if sorted(static) != sorted(config):
+        raise ValueError(f"{kernel_name}: config {config} does not match static params {static}")
+    module = kernel_module(kernel_name)
+    factory = getattr(module, folder.factory_name)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     # The factory runs under the target too, so a kernel may specialize on the arch
     # (``tvm.target.Target.current()``).
-    with tvm.transform.PassContext(config=dict(spec.pass_configs)), target:
-        artifact = tilelang.lower(spec.factory(**config), target=target)
+    with tvm.transform.PassContext(config=dict(getattr(module, "PASS_CONFIGS", {}))), target:
+        artifact = tilelang.lower(factory(**config), target=target)
 
     device_funcs = list(artifact.device_mod.functions.items())
     if len(device_funcs) != 1:

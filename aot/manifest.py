@@ -3,7 +3,7 @@
 It records the toolchain and, per kernel and static config, each arch's cubin
 (file, sha256, size), entry symbol, parameters, launch geometry and whether it
 may be launched as a programmatic dependent of the previous grid, plus the
-public ops with their signatures and byte formulas.  The runtime package
+public ops with their schemas (parameters, outputs, reference, samples, byte formulas).  The runtime package
 installs it; ``python -m tile_kernels_aot info`` and the bench read it.
 """
 
@@ -14,7 +14,7 @@ import json
 import subprocess
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def git_revision() -> str:
@@ -52,11 +52,13 @@ def kernel_build_record(lowered, cubin_rel: str, cubin_bytes: bytes) -> dict:
     }
 
 
-def op_record(op, kernel_name: str, bytes_formula: str) -> dict:
+def op_record(op, kernel_name: str) -> dict:
+    """A public op as the installed package reads it: its schema as plain data (parameters,
+    outputs, returns, reference, samples, bytes formula) plus its kernel and signature."""
     from aot.stubgen import text_signature
+    from kernels_tl.schema import to_json
 
-    return {"module": op.module, "name": op.name, "kernel": kernel_name, "signature": text_signature(op),
-            "bytes": bytes_formula}
+    return {**to_json(op), "kernel": kernel_name, "signature": text_signature(op)}
 
 
 def write_manifest(path: Path, manifest: dict) -> None:

@@ -1,4 +1,5 @@
 #include "tka/runtime.h"
+#include "tka/host.h"
 
 #include <dlfcn.h>
 
@@ -13,47 +14,18 @@
 
 namespace tka {
 
-const char* const kArchNames[kNumArchs] = {"sm_90a", "sm_100a"};
-
 // ---------------------------------------------------------------- dtypes
-
-int64_t dtype_bytes(DType d) {
-  switch (d) {
-    case F64: case I64: return 8;
-    case F32: case I32: return 4;
-    case BF16: case F16: case I16: return 2;
-    default: return 1;
-  }
-}
 
 static DType from_dl(DLDataType t) {
   if (t.lanes != 1) return UNKNOWN;
-  switch (t.code) {
-    case kDLBfloat: return t.bits == 16 ? BF16 : UNKNOWN;
-    case kDLFloat: return t.bits == 16 ? F16 : t.bits == 32 ? F32 : t.bits == 64 ? F64 : UNKNOWN;
-    case kDLFloat8_e4m3fn: return t.bits == 8 ? E4M3 : UNKNOWN;
-    case kDLInt: return t.bits == 8 ? I8 : t.bits == 16 ? I16 : t.bits == 32 ? I32 : t.bits == 64 ? I64 : UNKNOWN;
-    case kDLUInt: return t.bits == 8 ? U8 : UNKNOWN;
-    case kDLBool: return BOOL;
-    default: return UNKNOWN;
-  }
+  for (int d = 0; d < UNKNOWN; ++d)
+    if (kDTypes[d].dlpack_code == t.code && kDTypes[d].bits == t.bits) return static_cast<DType>(d);
+  return UNKNOWN;
 }
 
 static DLDataType to_dl(DType d) {
-  switch (d) {
-    case BF16: return {kDLBfloat, 16, 1};
-    case F16: return {kDLFloat, 16, 1};
-    case F32: return {kDLFloat, 32, 1};
-    case F64: return {kDLFloat, 64, 1};
-    case E4M3: return {kDLFloat8_e4m3fn, 8, 1};
-    case I8: return {kDLInt, 8, 1};
-    case U8: return {kDLUInt, 8, 1};
-    case I16: return {kDLInt, 16, 1};
-    case I32: return {kDLInt, 32, 1};
-    case I64: return {kDLInt, 64, 1};
-    case BOOL: return {kDLBool, 8, 1};
-    default: return {kDLOpaqueHandle, 0, 0};
-  }
+  if (d < 0 || d >= UNKNOWN) return {kDLOpaqueHandle, 0, 0};
+  return {kDTypes[d].dlpack_code, kDTypes[d].bits, 1};
 }
 
 bool TensorArg::contiguous() const {
@@ -85,6 +57,15 @@ bool type_error(const char* op, const char* fmt, ...) {
 }
 bool value_error(const char* op, const char* fmt, ...) {
   va_list ap; va_start(ap, fmt); set_error(PyExc_ValueError, op, fmt, ap); va_end(ap); return false;
+}
+bool arg_error(PyObject* type, const char* op, const char* arg, const char* fmt, ...) {
+  char message[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof(message), fmt, ap);
+  va_end(ap);
+  PyErr_Format(type, "%s: %s %s", op, arg, message);
+  return false;
 }
 bool runtime_error(const char* op, const char* fmt, ...) {
   va_list ap; va_start(ap, fmt); set_error(PyExc_RuntimeError, op, fmt, ap); va_end(ap); return false;
@@ -273,6 +254,58 @@ bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_l
       return true;
     }
   return value_error(op, "%s must be one of %s, got '%s'", name, choices_text(choices).c_str(), s);
+}
+
+bool enum_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
+              int64_t* out) {
+  if (PyUnicode_Check(obj)) {
+    std::string_view v;
+    if (!str_arg(op, name, obj, choices, &v)) return false;
+    int64_t i = 0;
+    for (const char* c : choices) {
+      if (v == c) break;
+      ++i;
+    }
+    *out = i;
+    return true;
+  }
+  if (PyBool_Check(obj) || !PyIndex_Check(obj))
+    return type_error(op, "%s must be one of %s (or its enum member), got %s", name, choices_text(choices).c_str(),
+                      Py_TYPE(obj)->tp_name);
+  long long v = PyLong_AsLongLong(obj);
+  if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (v < 0 || v >= static_cast<long long>(choices.size()))
+    return value_error(op, "%s must be one of %s (or its enum member), got %lld", name, choices_text(choices).c_str(), v);
+  *out = v;
+  return true;
+}
+
+bool int_tuple_arg(const char* op, const char* name, PyObject* obj, bool optional, int n, int64_t* out, bool* is_none) {
+  if (obj == Py_None) {
+    if (!optional) return type_error(op, "%s must be a tuple of %d ints, got None", name, n);
+    *is_none = true;
+    return true;
+  }
+  if (is_none) *is_none = false;
+  if (!(PyTuple_Check(obj) || PyList_Check(obj)) || PySequence_Fast_GET_SIZE(obj) != n)
+    return type_error(op, "%s must be a tuple of %d ints, got %s", name, n, Py_TYPE(obj)->tp_name);
+  for (int i = 0; i < n; ++i)
+    if (!int_arg(op, name, PySequence_Fast_GET_ITEM(obj, i), false, &out[i], nullptr)) return false;
+  return true;
+}
+
+bool quantized_arg(const char* op, const char* name, PyObject* obj, bool plain, TensorArg* data, TensorArg* sf) {
+  if (PyTuple_Check(obj)) {
+    if (PyTuple_GET_SIZE(obj) != 2)
+      return type_error(op, "%s must be a (data, sf) pair%s, got a tuple of %zd", name, plain ? " or a tensor" : "",
+                        PyTuple_GET_SIZE(obj));
+    std::string sf_name = std::string(name) + "'s sf";
+    return tensor_arg(op, name, PyTuple_GET_ITEM(obj, 0), false, data) &&
+           tensor_arg(op, sf_name.c_str(), PyTuple_GET_ITEM(obj, 1), false, sf);
+  }
+  if (!plain) return type_error(op, "%s must be a (data, sf) pair, got %s", name, Py_TYPE(obj)->tp_name);
+  sf->present = false;
+  return tensor_arg(op, name, obj, false, data);
 }
 
 bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed) {
@@ -469,6 +502,11 @@ bool make_outputs(const char* op, int n, const char* const* names, PyObject* con
   int64_t total = 0;
   int fresh = 0;
   for (int i = 0; i < n; ++i) {
+    if (specs[i].skip) {
+      if (given[i] != nullptr && given[i] != Py_None)
+        return value_error(op, "%s= was given, but this call produces no %s", names[i], names[i]);
+      continue;
+    }
     if (given[i] != nullptr && given[i] != Py_None) {
       if (!check_given(op, names[i], given[i], specs[i], device, &outs[i])) return false;
       continue;
@@ -508,7 +546,7 @@ bool make_outputs(const char* op, int n, const char* const* names, PyObject* con
   int pending = fresh;  // views not handed to torch yet (each holds one reference)
   char* base = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
   for (int i = 0; i < n; ++i) {
-    if (given[i] != nullptr && given[i] != Py_None) continue;
+    if (specs[i].skip || (given[i] != nullptr && given[i] != Py_None)) continue;
     const OutSpec& spec = specs[i];
     auto* view = new OutputView();
     view->blob = blob;
@@ -611,10 +649,16 @@ int device_arch(const char* op, int device) {
     runtime_error(op, "cannot query cuda:%d: %s", device, cu::describe(r).c_str());
     return -1;
   }
-  int arch = major == 9 && minor == 0 ? 0 : major == 10 && minor == 0 ? 1 : -1;
+  int arch = -1;
+  for (int i = 0; i < kNumArchs; ++i)
+    if (kArchs[i].major == major && kArchs[i].minor == minor) arch = i;
   if (arch < 0) {
-    runtime_error(op, "cuda:%d has compute capability %d.%d; this build has kernels for sm_90a (9.0) and sm_100a (10.0) only",
-                  device, major, minor);
+    std::string built;
+    for (const ArchInfo& a : kArchs)
+      built += (built.empty() ? "" : ", ") + std::string(a.name) + " (" + std::to_string(a.major) + "." +
+               std::to_string(a.minor) + ")";
+    runtime_error(op, "cuda:%d has compute capability %d.%d; this build has kernels for %s only", device, major, minor,
+                  built.c_str());
     return -1;
   }
   g_device_arch[device].store(arch + 1, std::memory_order_relaxed);

@@ -14,27 +14,21 @@
 #include <type_traits>
 
 #include "tka/driver.h"
+#include "tka/targets.h"
 
 namespace tka {
 
 constexpr int kMaxDims = 6;
 constexpr int kMaxDevices = 64;
-constexpr int kNumArchs = 2;  // index 0: sm_90a, 1: sm_100a
-extern const char* const kArchNames[kNumArchs];
-
-enum DType : int { BF16, F16, F32, F64, E4M3, I8, U8, I16, I32, I64, BOOL, UNKNOWN };
-// torch's names, indexed by DType (inline: the stubs name a config's dtype on every call)
-inline constexpr std::string_view kDtypeNames[] = {
-    "torch.bfloat16", "torch.float16", "torch.float32", "torch.float64", "torch.float8_e4m3fn", "torch.int8",
-    "torch.uint8",    "torch.int16",   "torch.int32",   "torch.int64",   "torch.bool",          "an unsupported dtype"};
-inline std::string_view dtype_view(DType d) { return kDtypeNames[d >= BF16 && d < UNKNOWN ? d : UNKNOWN]; }
+// DType, kDTypes, kNumArchs and kArchs: generated from aot/targets.py
+inline std::string_view dtype_view(DType d) { return kDTypes[d >= 0 && d < UNKNOWN ? d : UNKNOWN].torch_name; }
 // torch's name, e.g. "torch.bfloat16"
 inline const char* dtype_name(DType d) { return dtype_view(d).data(); }
 // the shape table's name, e.g. "bfloat16"
 inline std::string_view short_dtype_name(DType d) {
-  return d >= BF16 && d < UNKNOWN ? dtype_view(d).substr(6) : dtype_view(d);
+  return d >= 0 && d < UNKNOWN ? dtype_view(d).substr(6) : dtype_view(d);
 }
-int64_t dtype_bytes(DType d);
+inline int64_t dtype_bytes(DType d) { return d >= 0 && d < UNKNOWN ? kDTypes[d].bits / 8 : 1; }
 
 // A non-owning view of a torch.Tensor argument (or an absent optional one).
 struct TensorArg {
@@ -79,6 +73,13 @@ bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, d
 bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out);
 bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
              std::string_view* out);
+// One of `choices` by name, or an int (an IntEnum member included) indexing them: the index.
+bool enum_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
+              int64_t* out);
+// A tuple (or list) of `n` ints, or None where optional.
+bool int_tuple_arg(const char* op, const char* name, PyObject* obj, bool optional, int n, int64_t* out, bool* is_none);
+// A pre-quantized (data, sf) pair, or, with `plain`, a tensor in its place (sf absent).
+bool quantized_arg(const char* op, const char* name, PyObject* obj, bool plain, TensorArg* data, TensorArg* sf);
 bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed);
 bool check_ndim(const char* op, const char* name, const TensorArg& t, int ndim);
 bool check_layout(const char* op, const char* name, const TensorArg& t, bool contiguous);
@@ -91,6 +92,7 @@ struct OutSpec {
   int64_t shape[kMaxDims];  // set below ndim by the stub
   int64_t stride[kMaxDims];
   int64_t storage = -1;  // elements to allocate; -1: dense (derived from shape)
+  bool skip = false;     // an optional output this call does not produce (returned as None)
 };
 // Holds a new reference to the output tensor until it is returned.
 struct Output {
@@ -100,6 +102,11 @@ struct Output {
   Output(const Output&) = delete;
   ~Output() { Py_XDECREF(obj); }
   PyObject* release() { PyObject* o = obj; obj = nullptr; return o; }
+  // the output, or None for a skipped optional one
+  PyObject* release_or_none() {
+    if (obj == nullptr) Py_RETURN_NONE;
+    return release();
+  }
 };
 constexpr int kMaxOutputs = 8;
 // The `n` outputs of a call: each `given[i]` (borrowed; nullptr or None when not
@@ -129,7 +136,7 @@ struct KernelEntry {
   std::mutex lock;
   std::atomic<uint64_t> smem_set[kMaxDevices] = {};  // dynamic smem limit raised, per device (+1)
 };
-// The arch index (into kArchNames) of a CUDA device, or -1 with an error set.
+// The arch index (into kArchs) of a CUDA device, or -1 with an error set.
 int device_arch(const char* op, int device);
 union ParamSlot;
 // torch's current stream of `device` (nullptr, the legacy default stream, before any
@@ -155,23 +162,11 @@ union ParamSlot {
 };
 bool fits_int32(const char* op, const char* name, int64_t v);
 
-// A kernel argument before it is converted to the kernel's parameter type
-// (the stubs build every field of their KArgs from a value: no default).
-struct ArgValue {
-  void* p;
-  int64_t i;
-  double f;
-  ArgValue(void* v) : p(v), i(0), f(0) {}
-  ArgValue(double v) : p(nullptr), i(static_cast<int64_t>(v)), f(v) {}
-  ArgValue(float v) : ArgValue(static_cast<double>(v)) {}
-  template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-  ArgValue(T v) : p(nullptr), i(static_cast<int64_t>(v)), f(static_cast<double>(v)) {}
-};
-
 // A static-config value as the stubs compare it with the prebuilt table.
 struct ConfigValue {
   int64_t i = 0;
   std::string_view s;
+  ConfigValue() = default;
   ConfigValue(DType d) : i(d), s(short_dtype_name(d)) {}
   ConfigValue(std::string_view v) : s(v) {}
   ConfigValue(const char* v) : s(v) {}

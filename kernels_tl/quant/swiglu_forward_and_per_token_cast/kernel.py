@@ -146,7 +146,6 @@ if only bf16 inputs are shipped).
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.spec import Bool, Float, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
 WARP = 32
 FP8_MAX = 448.0
@@ -158,6 +157,13 @@ GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
 # blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see "Tuning").
 ROWS_PER_BLOCK = 4
 MAX_GRID_Y = 65535  # row blocks per grid column (the rest go to blockIdx.z)
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # every access is in bounds by construction (rows and chunks are predicated);
+    # without this TileLang adds per-element guards that break the 16-byte vectors
+    "tl.disable_safe_memory_legalize": True,
+}
 # Lanes (16-channel chunks) up to which a lane prefetches its right half into L2 before it
 # loads its left half: a quarter of an H200's thread slots (<= 16 warps per SM), where the
 # two halves' fetches would otherwise be two round trips in series (see "Round 6").
@@ -670,111 +676,3 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
                 flush_counts(counts, count_smem, clamped_count, tid, num_warps)
 
     return body
-
-
-KERNEL = KernelSpec(
-    name="quant.swiglu_forward_and_per_token_cast",
-    factory=swiglu_forward_and_per_token_cast_kernel,
-    static=("in_dtype", "sf_format", "max_row_hidden", "plain"),
-    # x read once, out and out_sf written once (the optional [n] int32 maps and the
-    # gathered weights add 4-12 bytes per row)
-    bytes=("num_tokens * hidden * 2 * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * hidden"
-           " + num_tokens * num_sf * (1 if sf_format == 'ue8m0_col' else 4)"),
-    pass_configs={
-        "tl.disable_tma_lower": True,
-        "tl.disable_warp_specialized": True,
-        # every access is in bounds by construction (rows and chunks are predicated);
-        # without this TileLang adds per-element guards that break the 16-byte vectors
-        "tl.disable_safe_memory_legalize": True,
-    },
-)
-
-OPS = [
-    OpSpec(
-        module="quant",
-        name="swiglu_forward_and_per_token_cast",
-        params=[
-            Param("x", Tensor(["bfloat16", "float32"], 2)),
-            Param("fmt", Str(["e4m3"])),
-            Param("num_per_channels", Int()),
-            Param("pos_to_token_topk", Tensor(["int32"], 1, optional=True), None),
-            Param("topk_weights", Tensor(["float32"], 2, optional=True), None),
-            Param("pos_to_expert", Tensor(["int32"], 1, optional=True), None),
-            Param("use_tma_aligned_col_major_sf", Bool(), False),
-            Param("round_sf", Bool(), False),
-            Param("use_packed_ue8m0", Bool(), False),
-            Param("swiglu_clamp_value", Float(optional=True), None),
-            Param("clamped_count", Tensor(["int64"], 1, optional=True), None),
-            Param("sf_clamp_min", Float(optional=True), None),
-        ],
-        outs=[
-            Out("out", "E4M3", ["num_tokens", "hidden"]),
-            # fp32 [n, k] row-major; or column-major with the token stride padded to 4
-            # (TMA); or UE8M0 bytes packed 4 to an int32, column-major [n, ceil(k / 4)]
-            Out("out_sf", "use_packed_ue8m0 ? I32 : F32", ["num_tokens", "sf_cols"],
-                strides=["use_tma_aligned_col_major_sf ? 1 : sf_cols",
-                         "use_tma_aligned_col_major_sf ? sf_token_stride : 1"],
-                storage="sf_cols * (use_tma_aligned_col_major_sf ? sf_token_stride : num_tokens)"),
-        ],
-        returns=["out", "out_sf"],
-        dims={
-            "num_tokens": "x.shape[0]",
-            "hidden": "x.shape[1] / 2",
-            "num_sf": "num_per_channels > 0 ? hidden / num_per_channels : 0",  # k
-            "sf_cols": "use_packed_ue8m0 ? ceil_div(num_sf, 4) : num_sf",
-            "sf_token_stride": "align_up(num_tokens, 4)",
-        },
-        checks=[
-            ("x.shape[1] % 256 == 0",
-             "x must have shape [num_tokens, 2 * hidden] with hidden a multiple of 128"),
-            ("reinterpret_cast<uintptr_t>(x.data) % 32 == 0",
-             "x's data pointer must be 32-byte aligned (rows are read in 16- and 32-byte vectors)"),
-            ("num_per_channels == 128 || (num_per_channels == hidden && hidden > 0)",
-             "num_per_channels must be 128 or hidden (x.shape[1] / 2)"),
-            ("!use_tma_aligned_col_major_sf || num_per_channels == 128",
-             "use_tma_aligned_col_major_sf=True needs num_per_channels == 128"),
-            ("!use_packed_ue8m0 || (use_tma_aligned_col_major_sf && round_sf)",
-             "use_packed_ue8m0=True needs use_tma_aligned_col_major_sf=True and round_sf=True"),
-            ("!pos_to_token_topk.present || topk_weights.present",
-             "topk_weights must be given with pos_to_token_topk"),
-            ("!pos_to_token_topk.present || pos_to_token_topk.shape[0] == num_tokens",
-             "pos_to_token_topk must have shape [num_tokens] (x.shape[0])"),
-            ("!pos_to_expert.present || pos_to_expert.shape[0] == num_tokens",
-             "pos_to_expert must have shape [num_tokens] (x.shape[0])"),
-            ("!clamped_count.present || !swiglu_clamp_value_is_none",
-             "clamped_count needs swiglu_clamp_value"),
-            ("!clamped_count.present || clamped_count.shape[0] == 3",
-             "clamped_count must have shape [3]"),
-        ],
-        config={
-            "in_dtype": "x.dtype",
-            "sf_format": 'use_packed_ue8m0 ? "ue8m0_col" : (use_tma_aligned_col_major_sf ? "fp32_col" : "fp32")',
-            # one group per row: the smallest multiple of 8192 that holds the row
-            "max_row_hidden": "num_per_channels == 128 ? 0 : align_up(hidden, 8192)",
-            # no optional input: the kernel with the option flags compiled out
-            "plain": "(pos_to_token_topk.present || pos_to_expert.present || !swiglu_clamp_value_is_none) ? 0 : 1",
-        },
-        kernel_args={
-            "x": "x.data",
-            "out": "out.data",
-            "out_sf": "out_sf.data",
-            "pos_to_token_topk": "pos_to_token_topk.data",  # nullptr when absent
-            "topk_weights": "topk_weights.data",
-            "pos_to_expert": "pos_to_expert.data",
-            "clamped_count": "clamped_count.data",
-            "has_weights": "pos_to_token_topk.present ? 1 : 0",
-            "has_pos_to_expert": "pos_to_expert.present ? 1 : 0",
-            "clamp_mode": "swiglu_clamp_value_is_none ? 0 : (clamped_count.present ? 2 : 1)",
-            "swiglu_clamp_value": "swiglu_clamp_value_is_none ? 0.0 : swiglu_clamp_value",
-            "round_sf": "round_sf ? 1 : 0",
-            "sf_clamp_min": "sf_clamp_min_is_none ? 1e-4 : sf_clamp_min",
-            "num_tokens": "num_tokens",
-            "hidden_blocks": "hidden / 128",
-            "sf_stride": "out_sf.stride[1]",  # column-major formats: the token stride of a group
-        },
-        launch_when="num_tokens > 0 && hidden > 0",
-        doc=("SwiGLU forward fused with a per-token FP8 (e4m3) cast: returns (out, out_sf). "
-             "See tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast for the exact "
-             "arithmetic. Rows with pos_to_expert < 0 are written as zero bytes (out and sf)."),
-    )
-]

@@ -204,7 +204,6 @@ us in graphs, 34.10-34.35 alone.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.spec import KernelSpec, OpSpec, Out, Param, Tensor
 
 # Tile per dtype, (input rows TM, input cols TN) = (output cols, output rows).
 TILES = {"bfloat16": (128, 128), "float32": (64, 128), "float8_e4m3fn": (128, 256)}
@@ -212,6 +211,12 @@ SUB = 64  # M and N are multiples of 64: an edge tile may hold only a multiple o
 CHUNKS_PER_THREAD = 8  # 16-byte chunks each thread loads (and stores): 128 bytes in flight
 ELEM_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
 DTYPES = tuple(ELEM_BYTES)
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # the kernel predicates its edge tiles itself (m_full, n_full)
+    "tl.disable_safe_memory_legalize": True,
+}
 # Resident blocks per SM wanted: ~96 KiB of tile loads in flight per SM (see
 # the docstring); every dtype's tile is 32 KiB, and would otherwise fit 5-6 blocks.
 BLOCKS_PER_SM = 3
@@ -424,102 +429,6 @@ def batched_transpose_kernel(dtype: str):
     return batched_transpose
 
 
-KERNEL = KernelSpec(
-    name="transpose.batched_transpose",
-    factory=batched_transpose_kernel,
-    static=("dtype",),
-    bytes="2 * num_batches * rows * cols * {'bfloat16': 2, 'float32': 4, 'float8_e4m3fn': 1}[dtype]",
-    pass_configs={
-        "tl.disable_tma_lower": True,
-        "tl.disable_warp_specialized": True,
-        # the kernel predicates its edge tiles itself (m_full, n_full)
-        "tl.disable_safe_memory_legalize": True,
-    },
-)
-
-# The grid's y extent is the number of column tiles (at most 65535): the tile
-# width per element size, as a C++ expression and as text for the message.
-_TILE_COLS = "(" + " : ".join(
-    f"dtype_bytes(x.dtype) == {ELEM_BYTES[d]} ? {TILES[d][1]}" for d in DTYPES[:-1]
-) + f" : {TILES[DTYPES[-1]][1]})"
-_TILE_COLS_TEXT = " or ".join(
-    f"65535 * {w} ({', '.join(d for d in DTYPES if TILES[d][1] == w)})" for w in sorted({TILES[d][1] for d in DTYPES})
-)
-
-# C++ (stub) side.  ``vec`` = elements per 16-byte chunk.  Alignment and
-# stride checks are skipped for empty tensors (nothing is launched).
-_EMPTY = "num_batches == 0 || rows == 0 || cols == 0"
-
-
-def _checks(rows_dim: str, cols_dim: str, row_stride: str, batch_stride: str = None):
-    """The stub's checks; ``rows_dim``/``cols_dim``: which dims of x are M and N."""
-    checks = [
-        ("rows % 64 == 0", f"x.shape[{rows_dim}] (M) must be a multiple of 64"),
-        ("cols % 64 == 0", f"x.shape[{cols_dim}] (N) must be a multiple of 64"),
-        (f"ceil_div(cols, {_TILE_COLS}) <= 65535",
-         f"x.shape[{cols_dim}] (N) must be at most {_TILE_COLS_TEXT}"),
-        (f"{_EMPTY} || {row_stride} % 4 == 0",
-         f"x.stride({rows_dim}) (the row stride) must be a multiple of 4 elements"),
-        (f"{_EMPTY} || reinterpret_cast<uintptr_t>(x.data) % (4 * dtype_bytes(x.dtype)) == 0",
-         "x must be aligned to 4 elements"),
-    ]
-    if batch_stride is not None:
-        checks += [
-            ("num_batches <= 65535", "x.shape[0] (B) must be at most 65535"),
-            (f"{_EMPTY} || num_batches == 1 || {batch_stride} % 4 == 0",
-             "x.stride(0) (the batch stride) must be a multiple of 4 elements"),
-        ]
-    return checks
-
-
-def _wide(row_stride: str, batch_stride: str = None):
-    """1 when every row start is 16-byte aligned (16-byte loads), else 0 (4-element loads)."""
-    cond = f"reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && {row_stride} % vec == 0"
-    if batch_stride is not None:
-        cond += f" && (num_batches == 1 || {batch_stride} % vec == 0)"
-    return f"({cond}) ? int64_t(1) : int64_t(0)"
-
-
-def _op(batched: bool) -> OpSpec:
-    """``batched_transpose`` ([B, M, N]) or ``transpose`` ([M, N], one batch): the same kernel."""
-    d = 1 if batched else 0  # the dim of x holding M
-    row_stride = f"x.stride[{d}]"
-    batch_stride = "x.stride[0]" if batched else None
-    if batched:
-        doc = ("batched_transpose(x) -> [B, N, M]: out[b, j, i] = x[b, i, j].  x: [B, M, N] bfloat16, float32 or "
-               "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides (and the data "
-               "pointer) multiples of 4 elements; the result is contiguous.")
-    else:
-        doc = ("transpose(x) -> [N, M]: out[j, i] = x[i, j].  x: [M, N] bfloat16, float32 or float8_e4m3fn, M and N "
-               "multiples of 64, x.stride(-1) == 1, row stride (and the data pointer) multiples of 4 elements; the "
-               "result is contiguous.")
-    return OpSpec(
-        module="transpose",
-        name="batched_transpose" if batched else "transpose",
-        params=[Param("x", Tensor(list(DTYPES), 3 if batched else 2, contiguous=False))],
-        outs=[Out("out", "x.dtype", ["num_batches", "cols", "rows"] if batched else ["cols", "rows"])],
-        returns=["out"],
-        dims={
-            "num_batches": "x.shape[0]" if batched else "1",
-            "rows": f"x.shape[{d}]",
-            "cols": f"x.shape[{d + 1}]",
-            "vec": "16 / dtype_bytes(x.dtype)",
-        },
-        checks=_checks(str(d), str(d + 1), row_stride, batch_stride),
-        config={"dtype": "x.dtype"},
-        kernel_args={
-            "x_pieces": "x.data",
-            "out_chunks": "out.data",
-            "num_batches": "num_batches",
-            "rows": "rows",
-            "cols": "cols",
-            "batch_stride": "num_batches > 1 ? x.stride[0] : int64_t(0)" if batched else "int64_t(0)",
-            "row_stride": row_stride,
-            "wide": _wide(row_stride, batch_stride),
-        },
-        launch_when="num_batches > 0 && rows > 0 && cols > 0" if batched else "rows > 0 && cols > 0",
-        doc=doc,
-    )
-
-
-OPS = [_op(batched=True), _op(batched=False)]
+def host_constants(dtype: str) -> dict:
+    """The tile width: the grid's y extent is the number of column tiles (at most 65535)."""
+    return {"tile_cols": TILES[dtype][1]}

@@ -117,7 +117,6 @@ fp32, not measured, keeps 8 pieces (still 32 values per thread).
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.spec import Bool, Int, KernelSpec, OpSpec, Out, Param, Str, Tensor
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -129,6 +128,12 @@ ELEMS_PER_THREAD_ROW = 32
 # spills in any config; the bf16 grouped configs need ~40 and get 6).
 MIN_BLOCKS_PER_SM = 4
 WARP = 32
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # every global access is guarded by the kernel's own row / piece / group tests
+    "tl.disable_safe_memory_legalize": True,
+}
 
 _MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0}
 _CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
@@ -145,16 +150,6 @@ def _group_layout(in_dtype: str, group: int):
     rounds = PIECES_PER_THREAD[in_dtype] // ppt
     assert tpg * ppt == pieces_per_group and rounds * ppt == PIECES_PER_THREAD[in_dtype] and 4 % rounds == 0
     return tpg, ppt, rounds
-
-
-def _layout_cxx(index: int) -> str:
-    """C++ expression (over the stub's ``x`` and ``group``) of one field of
-    ``_group_layout`` for every grouped config, so the host's thread count follows
-    the kernel's layout."""
-    def by_group(in_dtype):
-        (a, b, c) = (_group_layout(in_dtype, g)[index] for g in (32, 64, 128))
-        return f"(group == 32 ? {a} : group == 64 ? {b} : {c})"
-    return f"(x.dtype == BF16 ? {by_group('bfloat16')} : {by_group('float32')})"
 
 
 def _has_fp4_convert() -> bool:
@@ -380,185 +375,10 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     return per_token_cast
 
 
-KERNEL = KernelSpec(
-    name="quant.per_token_cast",
-    factory=per_token_cast_kernel,
-    static=("in_dtype", "fmt", "group"),
-    # per_token_cast: x read once, out and the fp32/packed factors written once
-    bytes=("num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4)"
-           " + num_tokens * hidden // (1 if fmt == 'e4m3' else 2)"
-           " + num_tokens * num_groups * 4"),
-    pass_configs={
-        "tl.disable_tma_lower": True,
-        "tl.disable_warp_specialized": True,
-        # every global access is guarded by the kernel's own row / piece / group tests
-        "tl.disable_safe_memory_legalize": True,
-    },
-)
-
-
-# ---------------------------------------------------------------------------
-# Host side: the three public ops.  C++ expressions, evaluated in the stub.
-# ---------------------------------------------------------------------------
-
-_GROUPED = "(num_per_channels == 32 || num_per_channels == 64 || num_per_channels == 128)"
-
-
-def _params(with_sf: bool):
-    params = [
-        Param("x", Tensor(["bfloat16", "float32"], 2, contiguous=False)),
-        # e5m6 is upstream's per_token_cast_to_e5m6 path: a clear error below
-        Param("fmt", Str(["e4m3", "e2m1", "e5m6"])),
-        Param("num_per_channels", Int()),
-    ]
-    if with_sf:
-        params.append(Param("sf", Tensor(["float32"], 2, contiguous=False)))
-    params += [
-        Param("x_block_size", Int(optional=True), default=None, unsupported=True),  # pre-quantized (data, sf) x
-        Param("use_tma_aligned_col_major_sf", Bool(), default=False),
-        Param("round_sf", Bool(), default=False),
-        Param("use_packed_ue8m0", Bool(), default=False),
-    ]
-    return params
-
-
-def _dims():
-    return {
-        "num_tokens": "x.shape[0]",
-        "hidden": "x.shape[1]",
-        "piece": "(x.dtype == BF16 ? 8 : 4)",  # elements per 16-byte load
-        "group": f"({_GROUPED} ? num_per_channels : 0)",  # static config; 0 = one group per row
-        "num_groups": "ceil_div(hidden, num_per_channels)",
-        "sf_cols": "(use_packed_ue8m0 ? ceil_div(num_groups, 4) : num_groups)",
-        # column-major sf: the token dim padded to 16 bytes (upstream's strides for an empty batch: 1)
-        "sf_tma_stride": "(num_tokens > 0 ? align_up(num_tokens, 4) : 1)",
-        # threads per row: the slots of a row (packed UE8M0: whole words of 4 groups) x lanes per slot,
-        # or, one group per row, the next power of two >= hidden / 32
-        "lanes_per_row": (
-            # groups per slot (ROUNDS) and lanes per slot (TPG) as in _group_layout
-            f"(group != 0 ? ceil_div(use_packed_ue8m0 ? align_up(num_groups, 4) : num_groups, {_layout_cxx(2)})"
-            f" * {_layout_cxx(0)}"
-            " : [&] { int64_t n = 1; while (n < ceil_div(hidden, 32)) n *= 2; return n; }())"
-        ),
-    }
-
-
-def _checks(op: str, with_sf: bool, sf_only: bool):
-    checks = [
-        ('fmt != "e5m6"', "fmt='e5m6' is not supported by this build (only 'e4m3' and 'e2m1')"),
-        ("num_per_channels > 0", "num_per_channels must be positive"),
-        (f"{_GROUPED} || (num_per_channels == hidden && hidden % 64 == 0)",
-         "num_per_channels must be 32, 64, 128, or hidden (one group per row, hidden % 64 == 0); "
-         "16 is not supported by this build"),
-    ]
-    if with_sf or sf_only:
-        checks.append(("num_per_channels != hidden",
-                       f"{op} does not support one group per row (num_per_channels == hidden)"))
-    checks += [
-        ("hidden % piece == 0",
-         "x must have a hidden size divisible by 8 (bfloat16) or 4 (float32): rows are read in 16-byte pieces"),
-        ("num_tokens <= 1 || x.stride[0] % piece == 0",
-         "x.stride(0) must be a multiple of 8 (bfloat16) or 4 (float32): rows must start 16-byte aligned"),
-        ("reinterpret_cast<uintptr_t>(x.data) % 16 == 0", "x's data pointer must be 16-byte aligned"),
-        ("group != 0 || hidden <= 8192", "one group per row (num_per_channels == hidden) supports hidden <= 8192"),
-        ("num_tokens * lanes_per_row <= 2147483647 - 256", "x has too many rows for one launch"),
-    ]
-    if with_sf:
-        checks += [
-            ("!use_tma_aligned_col_major_sf && !use_packed_ue8m0",
-             "the precomputed sf must be row-major float32 (use_tma_aligned_col_major_sf and "
-             "use_packed_ue8m0 must be False)"),
-            ("sf.shape[0] == num_tokens && sf.shape[1] == num_groups",
-             "sf must have shape [x.shape[0], ceil(hidden / num_per_channels)]"),
-        ]
-    else:
-        checks += [
-            ("!use_packed_ue8m0 || use_tma_aligned_col_major_sf",
-             "use_packed_ue8m0 requires use_tma_aligned_col_major_sf=True (packed UE8M0 factors are column-major)"),
-            ("!use_packed_ue8m0 || round_sf",
-             "use_packed_ue8m0 requires round_sf=True (UE8M0 holds powers of two only)"),
-        ]
-    return checks
-
-
-_OUT = Out("out", '(fmt == "e4m3" ? E4M3 : I8)', ["num_tokens", '(fmt == "e4m3" ? hidden : hidden / 2)'])
-# fp32 [T, groups] row-major; or column-major with the token dim padded to 16 bytes; packed UE8M0 words
-# int32 [T, ceil(groups / 4)] in the same column-major form (upstream's strided views).
-_OUT_SF = Out(
-    "out_sf",
-    "(use_packed_ue8m0 ? I32 : F32)",
-    ["num_tokens", "sf_cols"],
-    strides=["(use_tma_aligned_col_major_sf ? 1 : sf_cols)", "(use_tma_aligned_col_major_sf ? sf_tma_stride : 1)"],
-    storage="(use_tma_aligned_col_major_sf ? sf_cols * align_up(num_tokens, 4) : int64_t(-1))",
-)
-
-
-def _kernel_args(out: str, sf: str, sf_row_stride: str, sf_col_stride: str, write_out: int, read_sf: int):
-    return {
-        "x": "x.data",
-        "out": out,
-        "sf": sf,
-        "num_tokens": "num_tokens",
-        "row_pieces": "hidden / piece",
-        "x_stride": "(num_tokens > 1 ? x.stride[0] : hidden)",
-        "sf_words": "int64_t(0)",  # sf's extent: not read by the kernel (all accesses are guarded)
-        "lanes_per_row": "lanes_per_row",
-        "num_groups": "num_groups",
-        "sf_row_stride": sf_row_stride,
-        "sf_col_stride": sf_col_stride,
-        "round_sf": "int64_t(round_sf ? 1 : 0)",
-        "packed_sf": "int64_t(use_packed_ue8m0 ? 1 : 0)",
-        "write_out": f"int64_t({write_out})",
-        "read_sf": f"int64_t({read_sf})",
-    }
-
-
-_CONFIG = {"in_dtype": "x.dtype", "fmt": "fmt", "group": "group"}
-_LAUNCH = "num_tokens > 0 && hidden > 0"
-
-OPS = [
-    OpSpec(
-        module="quant",
-        name="per_token_cast",
-        params=_params(with_sf=False),
-        outs=[_OUT, _OUT_SF],
-        returns=["out", "out_sf"],
-        dims=_dims(),
-        checks=_checks("per_token_cast", with_sf=False, sf_only=False),
-        config=_CONFIG,
-        kernel_args=_kernel_args("out.data", "out_sf.data", "out_sf.stride[0]", "out_sf.stride[1]", 1, 0),
-        launch_when=_LAUNCH,
-        doc="Quantize x [T, H] (bf16/fp32) to e4m3 or packed e2m1 with one scale factor per group of "
-            "num_per_channels channels of a row; returns (out, out_sf).",
-    ),
-    OpSpec(
-        module="quant",
-        name="per_token_cast_with_sf_only",
-        params=_params(with_sf=False),
-        outs=[_OUT_SF],
-        returns=["out_sf"],
-        dims=_dims(),
-        checks=_checks("per_token_cast_with_sf_only", with_sf=False, sf_only=True),
-        config=_CONFIG,
-        kernel_args=_kernel_args("static_cast<void*>(nullptr)", "out_sf.data", "out_sf.stride[0]",
-                                 "out_sf.stride[1]", 0, 0),
-        launch_when=_LAUNCH,
-        doc="The out_sf of per_token_cast alone (x is read, nothing else is written).",
-        bytes="num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * num_groups * 4",
-    ),
-    OpSpec(
-        module="quant",
-        name="per_token_cast_with_precomputed_sf",
-        params=_params(with_sf=True),
-        outs=[_OUT],
-        returns=["out"],
-        dims=_dims(),
-        checks=_checks("per_token_cast_with_precomputed_sf", with_sf=True, sf_only=False),
-        config=_CONFIG,
-        kernel_args=_kernel_args("out.data", "sf.data", "sf.stride[0]", "int64_t(1)", 1, 1),
-        launch_when=_LAUNCH,
-        doc="Quantize x with given row-major float32 factors sf [T, groups]: out = encode(x * (1 / sf)).",
-        bytes=("num_tokens * hidden * (2 if in_dtype == 'bfloat16' else 4) + num_tokens * num_groups * 4"
-               " + num_tokens * hidden // (1 if fmt == 'e4m3' else 2)"),
-    ),
-]
+def host_constants(in_dtype: str, fmt: str, group: int) -> dict:
+    """The layout the host needs for the thread count of a row: lanes per group and
+    groups per lane of a grouped config (0 for one group per row)."""
+    if group == 0:
+        return {"lanes_per_group": 0, "groups_per_lane": 0}
+    tpg, _, rounds = _group_layout(in_dtype, group)
+    return {"lanes_per_group": tpg, "groups_per_lane": rounds}

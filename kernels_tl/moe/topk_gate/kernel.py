@@ -108,7 +108,6 @@ session; 8192 x 256, k = 8, random fp32 scores, i.e. the verifying path).
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.spec import Int, KernelSpec, OpSpec, Out, Param, Tensor
 
 WARP = 32
 # 8 warps = 8 tokens per block: 256 threads, small enough that a partial last
@@ -117,6 +116,7 @@ TOKENS_PER_BLOCK = 8
 # Blocks per SM asked of ptxas: 64 warps (the hardware maximum), i.e. a
 # 32-register cap (every expert count fits without spills).
 MIN_BLOCKS_PER_SM = 64 // TOKENS_PER_BLOCK
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 _REMOVED = 0  # key of a taken or padding slot: below every real score
 # A lane without the max key offers this (+ its lane id, no wrap) to the
@@ -259,40 +259,3 @@ def topk_gate_kernel(num_experts: int):
                         exact_rounds(keys, topk_idx, token, lane)
 
     return topk_gate
-
-
-KERNEL = KernelSpec(
-    name="moe.topk_gate",
-    factory=topk_gate_kernel,
-    static=("num_experts",),
-    bytes="num_tokens * num_experts * 4 + num_tokens * num_topk * 8",
-    pass_configs={"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True},
-)
-
-
-OPS = [
-    OpSpec(
-        module="moe",
-        name="topk_gate",
-        params=[Param("scores", Tensor(["float32"], 2)), Param("num_topk", Int())],
-        outs=[Out("out", "I64", ["num_tokens", "num_topk"])],
-        returns=["out"],
-        dims={"num_tokens": "scores.shape[0]", "num_experts": "scores.shape[1]"},
-        checks=[
-            ("num_topk >= 1 && num_topk <= num_experts", "num_topk must be in [1, num_experts] (scores.shape[1])"),
-        ],
-        config={"num_experts": "num_experts"},
-        kernel_args={
-            "scores": "scores.data",
-            "topk_idx": "out.data",
-            "num_tokens": "num_tokens",
-            "num_topk": "num_topk",
-        },
-        launch_when="num_tokens > 0",
-        doc=(
-            "topk_gate(scores, num_topk) -> int64 [num_tokens, num_topk]: the indices of each row's num_topk largest "
-            "scores, largest first, equal scores (-0.0 == +0.0) smaller index first, NaN above +inf.  scores: "
-            "float32 [num_tokens, num_experts], contiguous; 1 <= num_topk <= num_experts."
-        ),
-    ),
-]

@@ -1,0 +1,59 @@
+// What an op folder's host.h builds on: tensor views, output specs, the integer helpers, and
+// the check macros.
+//
+// A host.h implements, for each public function `F` of its folder, in namespace
+// `tka::<family>_<folder>::F` (next to the generated `Args`, `Outs` and `OutSpecs` there, and
+// the folder's `Config`, `Constants` and `KernelArgs` one level up; see docs/adding-an-op.md):
+//
+//   bool plan(const char* op, const Args& a, Plan& p, Config& c);  // dims, checks, static config
+//   void outputs(const Args& a, const Plan& p, OutSpecs& s);       // shapes, dtypes, strides
+//   bool needs_launch(const Plan& p);                              // false: empty input
+//   bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& k, const Outs& o,
+//                    KernelArgs& ka);                               // the kernel's parameters
+//
+// `Plan` is the host's own struct (its dims). Every function that can fail sets a Python
+// exception through the macros below and returns false; nothing has been launched then.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "tka/runtime.h"
+
+namespace tka {
+
+// "<op>: <arg> <message>" as a ValueError (or TypeError); returns false.
+bool arg_error(PyObject* type, const char* op, const char* arg, const char* fmt, ...);
+
+// A dense (row-major) output of `dtype` and `shape`.
+inline void dense_output(OutSpec& s, DType dtype, std::initializer_list<int64_t> shape) {
+  s.dtype = dtype;
+  s.ndim = static_cast<int>(shape.size());
+  int d = 0;
+  for (int64_t extent : shape) s.shape[d++] = extent;
+  dense_strides(&s);
+}
+
+// An output view with explicit element strides over `storage` allocated elements.
+inline void strided_output(OutSpec& s, DType dtype, std::initializer_list<int64_t> shape,
+                           std::initializer_list<int64_t> strides, int64_t storage) {
+  dense_output(s, dtype, shape);
+  int d = 0;
+  for (int64_t stride : strides) s.stride[d++] = stride;
+  s.storage = storage;
+}
+
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace tka
+
+// In a host function with `const char* op` in scope: raise ValueError (TKA_CHECK) or TypeError
+// (TKA_CHECK_TYPE) "<op>: <arg> <printf message>" and return false unless `cond` holds.
+#define TKA_CHECK(cond, arg, ...) \
+  do {                            \
+    if (!(cond)) return ::tka::arg_error(PyExc_ValueError, op, arg, __VA_ARGS__); \
+  } while (0)
+#define TKA_CHECK_TYPE(cond, arg, ...) \
+  do {                                 \
+    if (!(cond)) return ::tka::arg_error(PyExc_TypeError, op, arg, __VA_ARGS__); \
+  } while (0)

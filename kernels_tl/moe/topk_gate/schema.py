@@ -1,0 +1,28 @@
+"""moe.topk_gate: one kernel per expert count; the token count and top-k are run-time values."""
+
+from kernels_tl.schema import Int, Op, Out, Param, Randn, Sample, Schema, Tensor
+
+SCHEMA = Schema(
+    static=("num_experts",),
+    ops=[
+        Op(
+            module="moe",
+            name="topk_gate",
+            params=[Param("scores", Tensor(["float32"], 2)), Param("num_topk", Int())],
+            outs=[Out("out")],
+            returns=["out"],
+            reference="tile_kernels_aot.torch.moe.topk_gate",
+            samples=[
+                Sample("decode", 128, [Randn(["T", 256], "float32"), 8]),
+                Sample("prefill", 8192, [Randn(["T", 256], "float32"), 8]),
+                Sample("upstream", 8001, [Randn(["T", 256], "float32"), 8]),
+                Sample("72 experts", 1000, [Randn(["T", 72], "float32"), 6]),
+            ],
+            doc=(
+                "topk_gate(scores, num_topk) -> int64 [num_tokens, num_topk]: the indices of each row's num_topk "
+                "largest scores, largest first, equal scores (-0.0 == +0.0) smaller index first, NaN above +inf.  "
+                "scores: float32 [num_tokens, num_experts], contiguous; 1 <= num_topk <= num_experts."
+            ),
+        ),
+    ],
+)

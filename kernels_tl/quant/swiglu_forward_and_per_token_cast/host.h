@@ -1,0 +1,75 @@
+// quant.swiglu_forward_and_per_token_cast: host side (interface: tka/host.h).
+#pragma once
+
+#include "args.h"
+
+namespace tka::quant_swiglu_forward_and_per_token_cast::swiglu_forward_and_per_token_cast {
+
+struct Plan {
+  int64_t num_tokens, hidden;  // x is [num_tokens, 2 * hidden]
+  int64_t num_sf;              // scale factors per row
+  int64_t sf_cols;             // columns of out_sf (packed UE8M0: words of 4 factors)
+};
+
+inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
+  p.num_tokens = a.x.shape[0];
+  p.hidden = a.x.shape[1] / 2;
+  const int64_t npc = a.num_per_channels;
+  p.num_sf = npc > 0 ? p.hidden / npc : 0;
+  p.sf_cols = a.use_packed_ue8m0 ? ceil_div(p.num_sf, 4) : p.num_sf;
+  TKA_CHECK(a.x.shape[1] % 256 == 0, "x", "must have shape [num_tokens, 2 * hidden] with hidden a multiple of 128");
+  TKA_CHECK(aligned(a.x.data, 32), "x", "must start 32-byte aligned (rows are read in 16- and 32-byte vectors)");
+  TKA_CHECK(npc == 128 || (npc == p.hidden && p.hidden > 0), "num_per_channels",
+            "must be 128 or hidden (x.shape[1] / 2), got %lld", static_cast<long long>(npc));
+  TKA_CHECK(!a.use_tma_aligned_col_major_sf || npc == 128, "use_tma_aligned_col_major_sf", "=True needs num_per_channels == 128");
+  TKA_CHECK(!a.use_packed_ue8m0 || (a.use_tma_aligned_col_major_sf && a.round_sf), "use_packed_ue8m0",
+            "=True needs use_tma_aligned_col_major_sf=True and round_sf=True");
+  TKA_CHECK(!a.pos_to_token_topk.present || a.topk_weights.present, "topk_weights", "must be given with pos_to_token_topk");
+  TKA_CHECK(!a.pos_to_token_topk.present || a.pos_to_token_topk.shape[0] == p.num_tokens, "pos_to_token_topk",
+            "must have shape [num_tokens] (x.shape[0])");
+  TKA_CHECK(!a.pos_to_expert.present || a.pos_to_expert.shape[0] == p.num_tokens, "pos_to_expert",
+            "must have shape [num_tokens] (x.shape[0])");
+  TKA_CHECK(!a.clamped_count.present || !a.swiglu_clamp_value_is_none, "clamped_count", "needs swiglu_clamp_value");
+  TKA_CHECK(!a.clamped_count.present || a.clamped_count.shape[0] == 3, "clamped_count", "must have shape [3]");
+  c.in_dtype = a.x.dtype;
+  c.sf_format = std::string_view(a.use_packed_ue8m0 ? "ue8m0_col" : a.use_tma_aligned_col_major_sf ? "fp32_col" : "fp32");
+  // one group per row: the smallest multiple of 8192 that holds the row
+  c.max_row_hidden = npc == 128 ? 0 : align_up(p.hidden, 8192);
+  // no optional input: the kernel with the option flags compiled out
+  c.plain = (a.pos_to_token_topk.present || a.pos_to_expert.present || !a.swiglu_clamp_value_is_none) ? 0 : 1;
+  return true;
+}
+
+// fp32 [n, k] row-major; or column-major with the token stride padded to 4 (TMA); or UE8M0
+// bytes packed 4 to an int32, column-major [n, ceil(k / 4)]
+inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
+  dense_output(s.out, E4M3, {p.num_tokens, p.hidden});
+  const DType sf_dtype = a.use_packed_ue8m0 ? I32 : F32;
+  if (!a.use_tma_aligned_col_major_sf) return dense_output(s.out_sf, sf_dtype, {p.num_tokens, p.sf_cols});
+  const int64_t token_stride = align_up(p.num_tokens, 4);
+  strided_output(s.out_sf, sf_dtype, {p.num_tokens, p.sf_cols}, {1, token_stride}, p.sf_cols * token_stride);
+}
+
+inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
+
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
+  k.x = a.x.data;
+  k.out = o.out.data;
+  k.out_sf = o.out_sf.data;
+  k.pos_to_token_topk = a.pos_to_token_topk.present ? a.pos_to_token_topk.data : nullptr;
+  k.topk_weights = a.topk_weights.present ? a.topk_weights.data : nullptr;
+  k.pos_to_expert = a.pos_to_expert.present ? a.pos_to_expert.data : nullptr;
+  k.clamped_count = a.clamped_count.present ? a.clamped_count.data : nullptr;
+  k.has_weights = a.pos_to_token_topk.present;
+  k.has_pos_to_expert = a.pos_to_expert.present;
+  k.clamp_mode = a.swiglu_clamp_value_is_none ? 0 : (a.clamped_count.present ? 2 : 1);
+  k.swiglu_clamp_value = a.swiglu_clamp_value_is_none ? 0.0 : a.swiglu_clamp_value;
+  k.round_sf = a.round_sf;
+  k.sf_clamp_min = a.sf_clamp_min_is_none ? 1e-4 : a.sf_clamp_min;
+  k.num_tokens = p.num_tokens;
+  k.hidden_blocks = p.hidden / 128;
+  k.sf_stride = o.out_sf.stride[1];  // column-major formats: the token stride of a group
+  return true;
+}
+
+}  // namespace tka::quant_swiglu_forward_and_per_token_cast::swiglu_forward_and_per_token_cast

@@ -1,0 +1,56 @@
+"""quant.swiglu_forward_and_per_token_cast: one kernel per (input dtype, scale-factor format,
+row mode, plain); the token count, hidden size and the options' values are run-time values.
+``plain`` configs have the option flags compiled out: calls without optional inputs run them."""
+
+from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Sample, Schema, Str, Tensor
+
+
+def _moe_sample(name: str, tokens: int, hidden: int, **options) -> Sample:
+    """A routed call: positions map to (token, k) pairs of 4-way top-k, some rows skipped."""
+    return Sample(name, tokens, [Randn(["T", 2 * hidden], "bfloat16"), "e4m3", 128], {
+        "pos_to_token_topk": Randint(["T"], "int32", -1, 4 * tokens),
+        "topk_weights": Rand([tokens, 4], "float32"),
+        "pos_to_expert": Randint(["T"], "int32", -1, 8),
+        **options,
+    })
+
+
+SCHEMA = Schema(
+    static=("in_dtype", "sf_format", "max_row_hidden", "plain"),
+    ops=[
+        Op(
+            module="quant",
+            name="swiglu_forward_and_per_token_cast",
+            params=[
+                Param("x", Tensor(["bfloat16", "float32"], 2)),
+                Param("fmt", Str(["e4m3"])),
+                Param("num_per_channels", Int()),
+                Param("pos_to_token_topk", Tensor(["int32"], 1, optional=True), None),
+                Param("topk_weights", Tensor(["float32"], 2, optional=True), None),
+                Param("pos_to_expert", Tensor(["int32"], 1, optional=True), None),
+                Param("use_tma_aligned_col_major_sf", Bool(), False),
+                Param("round_sf", Bool(), False),
+                Param("use_packed_ue8m0", Bool(), False),
+                Param("swiglu_clamp_value", Float(optional=True), None),
+                Param("clamped_count", Tensor(["int64"], 1, optional=True, mutable=True), None),
+                Param("sf_clamp_min", Float(optional=True), None),
+            ],
+            outs=[Out("out"), Out("out_sf")],
+            returns=["out", "out_sf"],
+            reference="tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast",
+            samples=[
+                Sample("decode", 128, [Randn(["T", 4096], "bfloat16"), "e4m3", 128]),
+                Sample("prefill", 8192, [Randn(["T", 4096], "bfloat16"), "e4m3", 128]),
+                _moe_sample("MoE, packed UE8M0", 2000, 1024, use_tma_aligned_col_major_sf=True, round_sf=True,
+                            use_packed_ue8m0=True),
+                _moe_sample("MoE, clamp 0.5", 2000, 1024, swiglu_clamp_value=0.5),
+                Sample("one group per row", 300, [Randn(["T", 2 * 7168], "bfloat16"), "e4m3", 7168]),
+                Sample("fp32, column-major sf", 500, [Randn(["T", 2048], "float32"), "e4m3", 128],
+                       {"use_tma_aligned_col_major_sf": True}),
+            ],
+            doc=("SwiGLU forward fused with a per-token FP8 (e4m3) cast: returns (out, out_sf). "
+                 "See tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast for the exact "
+                 "arithmetic. Rows with pos_to_expert < 0 are written as zero bytes (out and sf)."),
+        ),
+    ],
+)

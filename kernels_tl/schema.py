@@ -1,0 +1,200 @@
+"""The schema of an op folder, as plain data the pipeline, the runtime and the tests read.
+
+An op folder ``kernels_tl/<family>/<op>/`` holds:
+
+* ``kernel.py``: the TileLang factory (``<op>_kernel(**config)`` returning the
+  ``T.prim_func`` of one static configuration) and ``PASS_CONFIGS``; optionally
+  ``host_constants(**config)``, integers of the kernel's layout that the host side needs
+  (lanes per group, tile widths, ...), so they are written once, beside the kernel;
+* ``schema.py``: ``SCHEMA``, a :class:`Schema` (this module), importable without TileLang;
+* ``host.h``: the host side in C++ (dims, checks, config values, outputs, kernel
+  arguments) behind the fixed interface described in ``docs/adding-an-op.md``;
+* ``notes.md`` (optional): design notes.
+
+Everything here is JSON-able data once :func:`to_json` has run: the manifest carries it
+into the installed package, where the bench, the tests and the exports read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+REQUIRED = "<required>"  # marker: a positional parameter without a default
+
+
+# ---- parameter kinds --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor parameter.  ``dtypes``: accepted dtype names (``aot.targets.DTYPES``);
+    ``ndim``: required rank; ``contiguous``: False when only the last dim must be
+    unit-stride; ``optional``: None allowed; ``mutable``: updated in place by the op."""
+
+    dtypes: Sequence[str]
+    ndim: int
+    contiguous: bool = True
+    optional: bool = False
+    mutable: bool = False
+    kind: str = "tensor"
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A pre-quantized ``(data, sf)`` pair, or (with ``plain_dtypes``) a plain tensor in
+    its place.  The host sees two tensor views: ``<name>`` (the data, or the plain tensor)
+    and ``<name>_sf`` (absent for a plain tensor)."""
+
+    dtypes: Sequence[str]  # of the data
+    sf_dtypes: Sequence[str]
+    ndim: int
+    plain_dtypes: Sequence[str] = ()
+    contiguous: bool = True
+    kind: str = "quantized"
+
+
+@dataclass(frozen=True)
+class Int:
+    optional: bool = False
+    kind: str = "int"
+
+
+@dataclass(frozen=True)
+class Float:
+    optional: bool = False
+    kind: str = "float"
+
+
+@dataclass(frozen=True)
+class Bool:
+    kind: str = "bool"
+
+
+@dataclass(frozen=True)
+class Str:
+    """One of ``choices``.  With ``enum=True`` an ``IntEnum`` member (or its int value,
+    an index into ``choices``) is accepted too; the host gets the index either way."""
+
+    choices: Sequence[str]
+    enum: bool = False
+    kind: str = "str"
+
+
+@dataclass(frozen=True)
+class IntTuple:
+    """A tuple of ``length`` ints (e.g. a block size), or None when optional."""
+
+    length: int
+    optional: bool = False
+    kind: str = "int_tuple"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the public function, in upstream's order."""
+
+    name: str
+    type: object
+    default: object = REQUIRED
+
+
+@dataclass(frozen=True)
+class Out:
+    """An output tensor.  The caller may pass it as keyword-only ``<name>=``; its shape,
+    dtype and strides come from the host side.  ``optional``: the host may leave it out
+    (it is then returned as None)."""
+
+    name: str
+    optional: bool = False
+
+
+# ---- samples ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Randn:
+    """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
+    ``"T"`` for the sample's token count."""
+
+    shape: Sequence
+    dtype: str
+    kind: str = "randn"
+
+
+@dataclass(frozen=True)
+class Randint:
+    """A tensor of integers uniform in ``[low, high)``."""
+
+    shape: Sequence
+    dtype: str
+    low: int
+    high: int
+    kind: str = "randint"
+
+
+@dataclass(frozen=True)
+class Rand:
+    """A tensor of values uniform in ``[low, high)`` (drawn in float32, then cast)."""
+
+    shape: Sequence
+    dtype: str
+    low: float = 0.0
+    high: float = 1.0
+    kind: str = "rand"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
+    :class:`Randn` / :class:`Randint` / :class:`Rand`), at ``tokens`` tokens.  The tests
+    run every sample bit-exact against the reference; the bench times them."""
+
+    name: str  # 'decode', 'prefill', or the upstream benchmark it mirrors
+    tokens: int
+    args: Sequence
+    kwargs: dict = field(default_factory=dict)
+
+
+# ---- ops and schema ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """One public function ``tile_kernels_aot.<module>.<name>``.
+
+    ``returns``: the out names returned (a tuple when more than one, None when empty).
+    ``bytes``: a Python expression over the call's tensors (arguments and outputs by
+    name, each with ``.nbytes``) giving the bytes one launch must move; by default every
+    tensor argument read once and every output written once.
+    ``token_dim``: which dim of the first tensor argument (and of the per-token outputs)
+    is the token dim, or None when the op is not per-token (its rows depend on others).
+    """
+
+    module: str
+    name: str
+    params: Sequence[Param]
+    outs: Sequence[Out]
+    returns: Sequence[str]
+    reference: str  # dotted path of the PyTorch reference it mirrors
+    samples: Sequence[Sample]
+    doc: str
+    bytes: Optional[str] = None
+    token_dim: Optional[int] = 0
+
+
+@dataclass(frozen=True)
+class Schema:
+    """An op folder: one kernel (``static``: its config keys, in order) and its public ops."""
+
+    static: Sequence[str]
+    ops: Sequence[Op]
+
+
+def to_json(value):
+    """Plain JSON data of a schema value (dataclasses become dicts; REQUIRED stays a marker)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
