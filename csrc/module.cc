@@ -31,6 +31,7 @@ PYBIND11_MODULE(_C, m) {
   "cuLaunchKernel, or with dependent=True cuLaunchKernelEx as a programmatic dependent, as the op launched it.");
   m.def("empty_cache", &tka::release_kept_outputs,
         "Hand the memory of freed outputs kept for reuse back to torch's caching allocator.");
+  py::list families;
   for (int i = 0; tka::kOps[i].module != nullptr; ++i) {
     const tka::OpDef& op = tka::kOps[i];
     py::module_ sub;
@@ -39,10 +40,12 @@ PYBIND11_MODULE(_C, m) {
     } else {
       sub = py::module_::import("types").attr("ModuleType")(std::string("tile_kernels_aot._C.") + op.module);
       m.attr(op.module) = sub;
+      families.append(op.module);
     }
     py::str public_module(std::string("tile_kernels_aot.") + op.module);
     PyObject* fn = PyCFunction_NewEx(op.def, nullptr, public_module.ptr());
     if (fn == nullptr) throw py::error_already_set();
     sub.attr(op.def->ml_name) = py::reinterpret_steal<py::object>(fn);
   }
+  m.attr("families") = families;  // the public families with ops in this build
 }

@@ -167,6 +167,7 @@ class Op:
     tensor argument read once and every output written once.
     ``token_dim``: which dim of the first tensor argument (and of the per-token outputs)
     is the token dim, or None when the op is not per-token (its rows depend on others).
+    ``token_multiple``: the ``"T"`` extents the op accepts are multiples of it.
     """
 
     module: str
@@ -179,6 +180,7 @@ class Op:
     doc: str
     bytes: Optional[str] = None
     token_dim: Optional[int] = 0
+    token_multiple: int = 1  # the token counts the op accepts are multiples of this
 
 
 @dataclass(frozen=True)

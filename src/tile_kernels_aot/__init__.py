@@ -2,15 +2,22 @@
 
 ``import tile_kernels_aot as tile_kernels`` is a drop-in swap for DeepSeek's
 TileKernels: the same module paths (``moe``, ``quant``, ``transpose``, ...)
-and signatures, with every kernel shipped as a prebuilt cubin.  Submodules
-load on first use, so importing the package costs almost nothing and
+and signatures, with every kernel shipped as a prebuilt cubin.  Importing the
+package loads the extension (no GPU, driver or compiler is touched) to learn
+which families this build holds; submodules load on first use, and
 ``tile_kernels_aot.torch`` (the PyTorch references) works without the
 compiled extension.
 """
 
 import importlib
 
-__all__ = ["engram", "mhc", "modeling", "moe", "quant", "torch", "transpose"]
+from tile_kernels_aot import families as _families
+
+# The families this build runs from prebuilt kernels, and the PyTorch references.
+__all__ = sorted(_families.built() + ["torch"])
+# Importable too: ``modeling`` (autograd functions; those of families without kernels
+# yet run on the references).
+_SUBMODULES = set(__all__) | {"modeling"}
 
 
 def empty_cache():
@@ -28,7 +35,7 @@ def empty_cache():
 
 
 def __getattr__(name):
-    if name in __all__:
+    if name in _SUBMODULES:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module
         return module
@@ -36,4 +43,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    return sorted(set(globals()) | _SUBMODULES)

@@ -1,6 +1,7 @@
 """The bench: device time, eager time per call and host overhead of every op.
 
-For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
+For each sample of each op (its schema's decode, prefill and upstream shapes, carried by the
+manifest):
 
 * device time: CUDA-graph replay of ``GRAPH_LAUNCHES`` launches that rotate
   over input sets larger than L2, so the time is DRAM time, not cache time,
@@ -9,7 +10,8 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   i.e. the kernels alone, without the gaps between them (issued one at a time:
   a kernel launched as a programmatic dependent of a running one would start
   early and count its wait for it);
-* eager time per call, outputs passed in (``out=``) and allocated by the call,
+* at decode sizes (up to ``HOST_LOOP_TOKENS``), eager time per call, outputs passed in
+  (``out=``) and allocated by the call,
   from a pipelined loop whose call site spells the arguments out (what a caller on
   the hot path sees), best of 10 rounds interleaved with the bare-launch loops;
 * the bare launch cost of the same kernel with the same arguments, measured in
@@ -22,7 +24,7 @@ For each op at a prefill shape (8192 tokens) and a decode shape (128 tokens):
   hit rounds in which the driver's launch call itself is faster than whenever any host
   work separates the launches (seen for swiglu's 128-token kernel: up to 0.5 us), and a
   best-of baseline picks exactly those rounds, which no caller's loop reaches;
-* bytes moved (from the kernel spec's formula in the manifest), TB/s, and the
+* bytes moved (the schema's formula, by default every tensor argument and output once), TB/s, and the
   share of the device-to-device copy bandwidth measured in the same run;
 * the PyTorch reference and, when importable, TileKernels' JIT kernels (device
   time, kernel time and eager time per call, measured the same way as ours).
@@ -40,50 +42,27 @@ import warnings
 
 import torch
 
-from tile_kernels_aot import manifest
+from tile_kernels_aot import manifest, samples
 
 L2_BYTES = 60 * 1024 * 1024
 # Launches per captured graph.  With only the 2-3 input sets a prefill shape needs
 # to exceed L2, the graph's own launch latency (several us) divided by 2 would be
 # counted as device time; 64 launches spread it to a few percent of a microsecond.
 GRAPH_LAUNCHES = 64
-PREFILL, DECODE = 8192, 128
+# Host-time loops (eager time, bare launch, overhead) run for samples up to this many tokens:
+# at larger ones the GPU, not the host, bounds a loop of calls.
+HOST_LOOP_TOKENS = 1024
 
 
-def _rand(shape, dtype, gen):
-    return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
-
-
-def _cases():
-    """(op, make(n, gen) -> (args, kwargs, out_names, dims), reference name, upstream name)."""
-
-    def topk_gate(n, gen):
-        return (_rand((n, 256), torch.float32, gen), 8), {}, ("out",), {"num_tokens": n, "num_experts": 256, "num_topk": 8}
-
-    def per_token_cast(n, gen):
-        dims = {"num_tokens": n, "hidden": 7168, "num_groups": 7168 // 128, "in_dtype": "bfloat16", "fmt": "e4m3"}
-        return (_rand((n, 7168), torch.bfloat16, gen), "e4m3", 128), {}, ("out", "out_sf"), dims
-
-    def swiglu(n, gen):
-        dims = {"num_tokens": n, "hidden": 2048, "num_sf": 2048 // 128, "in_dtype": "bfloat16", "sf_format": "fp32"}
-        return (_rand((n, 4096), torch.bfloat16, gen), "e4m3", 128), {}, ("out", "out_sf"), dims
-
-    def transpose(n, gen):
-        return (_rand((n, 4096), torch.bfloat16, gen),), {}, ("out",), {"num_batches": 1, "rows": n, "cols": 4096, "dtype": "bfloat16"}
-
-    return [
-        ("moe.topk_gate", topk_gate, "moe", "topk_gate"),
-        ("quant.per_token_cast", per_token_cast, "quant", "per_token_cast"),
-        ("quant.swiglu_forward_and_per_token_cast", swiglu, "swiglu", "swiglu_forward_and_per_token_cast"),
-        ("transpose.transpose", transpose, "transpose", "transpose"),
-    ]
-
-
-def _resolve(dotted: str):
-    import importlib
-
-    module, name = dotted.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+def _cases(only=None) -> list:
+    """(op record, sample) for every sample of every op of this build (``only``: op names)."""
+    cases = []
+    for record in manifest.ops():
+        qualname = f"{record['module']}.{record['name']}"
+        if only and qualname not in only:
+            continue
+        cases += [(record, sample) for sample in record["samples"]]
+    return cases
 
 
 def _cycle(calls, n):
@@ -230,62 +209,63 @@ def first_call_ms():
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def bench_op(op, make, ref_module, ref_name, n, copy_tbs):
-    """One row: device time, eager and bare-launch host times, the reference.  Returns the
-    row and what the later passes (kernel time, TileKernels) need: the rotating calls and
-    the inputs."""
+def bench_op(record, sample, copy_tbs):
+    """One row: device time, eager and bare-launch host times (at decode sizes), the reference.
+    Returns the row and what the later passes (kernel time, TileKernels) need: the rotating
+    calls and the inputs."""
     from tile_kernels_aot import _C
 
-    fn = _resolve(f"tile_kernels_aot.{op}")
+    op = f"{record['module']}.{record['name']}"
+    fn = samples.function(record)
+    n = sample["tokens"]
     gen = torch.Generator(device="cuda").manual_seed(n)
-    args, kwargs, out_names, dims = make(n, gen)
-    first = fn(*args, **kwargs)
-    outs = first if isinstance(first, tuple) else (first,)
-    per_call = sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
-    per_call += sum(t.untyped_storage().nbytes() for t in outs)
+    args, kwargs = samples.make_args(sample, n, gen)
+    first = samples.outputs_by_name(record, fn(*args, **kwargs))
+    per_call = sum(t.nbytes for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor))
+    per_call += sum(t.untyped_storage().nbytes() for t in first.values())
     sets = max(2, min(64, math.ceil(3 * L2_BYTES / max(per_call, 1))))
-    inputs = [make(n, gen)[0] for _ in range(sets)]
-    out_sets = [dict(zip(out_names, (o if isinstance(o, tuple) else (o,)))) for o in (fn(*a, **kwargs) for a in inputs)]
-    calls = [lambda a=a, o=o: fn(*a, **kwargs, **o) for a, o in zip(inputs, out_sets)]
+    inputs = [samples.make_args(sample, n, gen) for _ in range(sets)]
+    out_sets = [samples.outputs_by_name(record, fn(*a, **k)) for a, k in inputs]
+    calls = [lambda a=a, k=k, o=o: fn(*a, **k, **o) for (a, k), o in zip(inputs, out_sets)]
     device_us = _graph_time_us(calls)
-    bytes_moved = manifest.op_bytes(op, dims)
-    call_out = _direct_call(fn, args, {**kwargs, **out_sets[0]})
-    # Two baselines: plain cuLaunchKernel, and the op's own launch (cuLaunchKernelEx as a
-    # programmatic dependent), which also overlaps the previous kernel's tail on the GPU;
-    # at small shapes a loop of either can be bound by the GPU rather than the host.  The
-    # overhead is taken over the faster of the two.  Both replay the launch of a call with
-    # out= (made right before them), never one into freed outputs.
-    rounds = _rounds_us({
-        "out": (call_out, None),
-        "alloc": (_direct_call(fn, args, kwargs), None),
-        "bare_plain": (lambda: _C._replay_last_launch(1), call_out),
-        "bare_dependent": (lambda: _C._replay_last_launch(1, True), call_out),
-    })
-    host = {name: min(t) for name, t in rounds.items()}
-    eager_out, eager_alloc = host["out"], host["alloc"]
-    bare_plain, bare_dependent = host["bare_plain"], host["bare_dependent"]
-    bare = min(bare_plain, bare_dependent)
-    bare_rounds = [min(p, d) for p, d in zip(rounds["bare_plain"], rounds["bare_dependent"])]
-    paired_out = statistics.median(o - b for o, b in zip(rounds["out"], bare_rounds))
-    paired_alloc = statistics.median(a - b for a, b in zip(rounds["alloc"], bare_rounds))
-    ref = _resolve(f"tile_kernels_aot.torch.{ref_module}.{ref_name}")
-    ref_us = _event_us(lambda: ref(*args, **kwargs), reps=5)
+    bytes_moved = samples.bytes_moved(record, args, kwargs, first)
     row = {
-        "op": op, "num_tokens": n, "dims": dims, "device_us": device_us, "bytes": bytes_moved,
+        "op": op, "sample": sample["name"], "num_tokens": n, "device_us": device_us, "bytes": bytes_moved,
         "tbs": bytes_moved / device_us / 1e6, "copy_share": bytes_moved / device_us / 1e6 / copy_tbs,
-        "eager_out_us": eager_out, "eager_alloc_us": eager_alloc, "bare_launch_us": bare,
-        "bare_plain_us": bare_plain, "bare_dependent_us": bare_dependent,
-        "overhead_out_us": eager_out - bare, "overhead_alloc_us": eager_alloc - bare,
-        "overhead_out_paired_us": paired_out, "overhead_alloc_paired_us": paired_alloc,
-        "reference_us": ref_us, "input_sets": sets,
+        "input_sets": sets,
     }
+    if n <= HOST_LOOP_TOKENS:
+        call_out = _direct_call(fn, args, {**kwargs, **out_sets[0]})
+        # Two baselines: plain cuLaunchKernel, and the op's own launch (cuLaunchKernelEx as a
+        # programmatic dependent), which also overlaps the previous kernel's tail on the GPU;
+        # at small shapes a loop of either can be bound by the GPU rather than the host.  The
+        # overhead is taken over the faster of the two.  Both replay the launch of a call with
+        # out= (made right before them), never one into freed outputs.
+        rounds = _rounds_us({
+            "out": (call_out, None),
+            "alloc": (_direct_call(fn, args, kwargs), None),
+            "bare_plain": (lambda: _C._replay_last_launch(1), call_out),
+            "bare_dependent": (lambda: _C._replay_last_launch(1, True), call_out),
+        })
+        host = {name: min(t) for name, t in rounds.items()}
+        bare = min(host["bare_plain"], host["bare_dependent"])
+        bare_rounds = [min(p, d) for p, d in zip(rounds["bare_plain"], rounds["bare_dependent"])]
+        row.update({
+            "eager_out_us": host["out"], "eager_alloc_us": host["alloc"], "bare_launch_us": bare,
+            "bare_plain_us": host["bare_plain"], "bare_dependent_us": host["bare_dependent"],
+            "overhead_out_us": host["out"] - bare, "overhead_alloc_us": host["alloc"] - bare,
+            "overhead_out_paired_us": statistics.median(o - b for o, b in zip(rounds["out"], bare_rounds)),
+            "overhead_alloc_paired_us": statistics.median(a - b for a, b in zip(rounds["alloc"], bare_rounds)),
+        })
+    ref = samples.reference(record)
+    row["reference_us"] = _event_us(lambda: ref(*args, **kwargs), reps=5)
     return row, calls, (args, inputs, kwargs)
 
 
 def bench_tilekernels(row, args, inputs, kwargs):
     """TileKernels' JIT kernel for the same op and inputs, measured as ours (it allocates
     its outputs on every call: it has no out=)."""
-    upstream = _resolve(f"tile_kernels.{row['op']}")
+    upstream = samples.resolve(f"tile_kernels.{row['op']}")
     try:
         upstream(*args, **kwargs)  # the first call compiles
         up_calls = [lambda a=a: upstream(*a, **kwargs) for a in inputs]
@@ -306,19 +286,17 @@ def run(json_path=None, only=None) -> int:
         return 1
     copy_tbs = copy_bandwidth_tbs()
     rows, later, skipped = [], [], []
-    for op, make, ref_module, ref_name in _cases():
-        if only and op not in only:
+    for record, sample in _cases(only):
+        try:
+            row, calls, data = bench_op(record, sample, copy_tbs)
+        except ValueError as e:  # a build from another shape table may lack a sample's config
+            if "no prebuilt kernel" not in str(e):
+                raise
+            skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
+                            "num_tokens": sample["tokens"], "reason": str(e).split(". Prebuilt:")[0]})
             continue
-        for n in (PREFILL, DECODE):
-            try:
-                row, calls, data = bench_op(op, make, ref_module, ref_name, n, copy_tbs)
-            except ValueError as e:  # a build from another shape table may lack the bench's shape
-                if "no prebuilt kernel" not in str(e):
-                    raise
-                skipped.append({"op": op, "num_tokens": n, "reason": str(e).split(". Prebuilt:")[0]})
-                continue
-            rows.append(row)
-            later.append((row, calls, data))
+        rows.append(row)
+        later.append((row, calls, data))
     first = first_call_ms()
     for row, calls, _ in later:
         row["kernel_us"] = _kernel_time_us(calls)
@@ -343,28 +321,30 @@ def format_table(result: dict) -> str:
     first = f"{first:.1f} ms" if first is not None else "not measured (no prebuilt moe.topk_gate)"
     lines = [f"{result['gpu']}, torch {result['torch']}, {result['date']}: copy bandwidth {result['copy_tbs']:.2f} TB/s, "
              f"first call in a fresh process {first}", "",
-             "| op | tokens | device us | kernel us | TB/s | % of copy | eager out= us | eager alloc us | bare launch us | "
-             "overhead out= us | overhead alloc us | best-of out= / alloc us | torch ref us |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| op | sample | tokens | device us | kernel us | TB/s | % of copy | eager out= us | eager alloc us | "
+             "bare launch us | overhead out= us | overhead alloc us | best-of out= / alloc us | torch ref us |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
-        # The overhead columns are the paired medians ("-" in rows of runs before the
-        # seventh session, which measured only best-of).
-        paired = (f"{r['overhead_out_paired_us']:+.2f} | {r['overhead_alloc_paired_us']:+.2f}"
-                  if "overhead_out_paired_us" in r else "- | -")
-        lines.append(f"| {r['op']} | {r['num_tokens']} | {r['device_us']:.1f} | {r['kernel_us']:.1f} | {r['tbs']:.2f} | "
-                     f"{100 * r['copy_share']:.0f}% | {r['eager_out_us']:.2f} | {r['eager_alloc_us']:.2f} | {r['bare_launch_us']:.2f} | "
-                     f"{paired} | {r['overhead_out_us']:+.2f} / {r['overhead_alloc_us']:+.2f} | {r['reference_us']:.1f} |")
+        if "eager_out_us" in r:  # host loops ran (decode-sized samples)
+            host = (f"{r['eager_out_us']:.2f} | {r['eager_alloc_us']:.2f} | {r['bare_launch_us']:.2f} | "
+                    f"{r['overhead_out_paired_us']:+.2f} | {r['overhead_alloc_paired_us']:+.2f} | "
+                    f"{r['overhead_out_us']:+.2f} / {r['overhead_alloc_us']:+.2f}")
+        else:
+            host = "- | - | - | - | - | -"
+        lines.append(f"| {r['op']} | {r.get('sample', '')} | {r['num_tokens']} | {r['device_us']:.1f} | "
+                     f"{r['kernel_us']:.1f} | {r['tbs']:.2f} | {100 * r['copy_share']:.0f}% | {host} | "
+                     f"{r['reference_us']:.1f} |")
     upstream = [r for r in result["rows"] if "tilekernels_kernel_us" in r]
     if upstream:
         lines += ["", "TileKernels JIT on the same inputs, measured the same way:", "",
-                  "| op | tokens | device us | kernel us | eager (alloc) us | ours: device us | ours: kernel us |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| op | sample | tokens | device us | kernel us | eager (alloc) us | ours: device us | ours: kernel us |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in upstream:
-            lines.append(f"| {r['op']} | {r['num_tokens']} | {r.get('tilekernels_device_us', math.nan):.1f} | {r['tilekernels_kernel_us']:.1f} | "
+            lines.append(f"| {r['op']} | {r.get('sample', '')} | {r['num_tokens']} | {r.get('tilekernels_device_us', math.nan):.1f} | {r['tilekernels_kernel_us']:.1f} | "
                          f"{r['tilekernels_eager_us']:.2f} | {r['device_us']:.1f} | {r['kernel_us']:.1f} |")
     for r in result["rows"]:
         if "tilekernels_error" in r:
             lines.append(f"TileKernels {r['op']} at {r['num_tokens']} tokens failed: {r['tilekernels_error']}")
     for r in result.get("skipped", []):
-        lines.append(f"Skipped {r['op']} at {r['num_tokens']} tokens: {r['reason']}")
+        lines.append(f"Skipped {r['op']} ({r.get('sample', '')}, {r['num_tokens']} tokens): {r['reason']}")
     return "\n".join(lines)

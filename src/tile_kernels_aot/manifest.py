@@ -1,4 +1,5 @@
-"""The installed bundle's manifest: what kernels this package holds."""
+"""The installed bundle's manifest: what this build holds (kernels, configs, archs, and every
+public op with its schema: parameters, outputs, reference, samples)."""
 
 import functools
 import json
@@ -18,9 +19,15 @@ def configs(kernel: str) -> list:
     return [c["config"] for c in load()["kernels"].get(kernel, {}).get("configs", [])]
 
 
-def op_bytes(op: str, dims: dict) -> int:
-    """The bytes one launch of ``op`` (``'module.name'``) must move, from its kernel spec's formula."""
-    for record in load()["ops"]:
-        if f"{record['module']}.{record['name']}" == op:
-            return int(eval(record["bytes"], {"__builtins__": {}, "ceil_div": lambda a, b: -(-a // b)}, dict(dims)))
-    raise KeyError(op)
+def ops() -> list:
+    """Every public op's record (``module``, ``name``, ``kernel``, ``params``, ``outs``,
+    ``returns``, ``reference``, ``samples``, ``bytes``, ``token_dim``, ``signature``)."""
+    return load()["ops"]
+
+
+def op(qualname: str) -> dict:
+    """The record of ``'<module>.<name>'``."""
+    for record in ops():
+        if f"{record['module']}.{record['name']}" == qualname:
+            return record
+    raise KeyError(qualname)

@@ -1,7 +1,5 @@
-"""MoE routing operators, launched from prebuilt kernels (same API as ``tile_kernels.moe``)."""
+"""MoE routing operators, launched from prebuilt kernels (the API of ``tile_kernels.moe``)."""
 
-from tile_kernels_aot._C import moe as _kernels
+from tile_kernels_aot.families import export
 
-topk_gate = _kernels.topk_gate
-
-__all__ = ["topk_gate"]
+__all__ = export(__name__, globals())

@@ -1,8 +1,5 @@
-"""Transpose operators, launched from prebuilt kernels (same API as ``tile_kernels.transpose``)."""
+"""Transpose operators, launched from prebuilt kernels (the API of ``tile_kernels.transpose``)."""
 
-from tile_kernels_aot._C import transpose as _kernels
+from tile_kernels_aot.families import export
 
-transpose = _kernels.transpose
-batched_transpose = _kernels.batched_transpose
-
-__all__ = ["transpose", "batched_transpose"]
+__all__ = export(__name__, globals())

@@ -3,6 +3,7 @@ TileLang, keeps TileKernels' signatures, lists its contents, and rejects bad inp
 with an exception naming the op and the argument before anything is launched."""
 
 import hashlib
+import importlib
 import inspect
 import subprocess
 import sys
@@ -13,41 +14,57 @@ import torch
 
 tka = pytest.importorskip("tile_kernels_aot._C", reason="the extension is not installed")
 
-from tile_kernels_aot import manifest, moe, quant, transpose  # noqa: E402
+from tile_kernels_aot import manifest, moe, quant, samples, transpose  # noqa: E402
 
 from aot.cubin import cubin_arch, has_ptx  # noqa: E402
 from aot.table import load_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# TileKernels 1.0.0's public signatures (inspect.signature, annotations dropped).
-UPSTREAM = {
-    "moe.topk_gate": "(scores, num_topk)",
-    "quant.per_token_cast": "(x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False)",
-    "quant.per_token_cast_with_sf_only": "(x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False)",
-    "quant.per_token_cast_with_precomputed_sf": "(x, fmt, num_per_channels, sf, x_block_size=None, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False)",
-    "quant.swiglu_forward_and_per_token_cast": "(x, fmt, num_per_channels, pos_to_token_topk=None, topk_weights=None, pos_to_expert=None, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False, swiglu_clamp_value=None, clamped_count=None, sf_clamp_min=None)",
-    "transpose.transpose": "(x)",
-    "transpose.batched_transpose": "(x)",
-}
-MODULES = {"moe": moe, "quant": quant, "transpose": transpose}
+OPS = manifest.ops()
+IDS = [f"{r['module']}.{r['name']}" for r in OPS]
 
 
-@pytest.mark.parametrize("op", sorted(UPSTREAM))
-def test_signature_starts_with_upstream_and_adds_keyword_only(op):
-    module, name = op.split(".")
-    sig = inspect.signature(getattr(MODULES[module], name))
-    params = list(sig.parameters.values())
-    upstream = inspect.signature(eval(f"lambda {UPSTREAM[op][1:-1]}: None"))
-    n = len(upstream.parameters)
-    ours = sig.replace(parameters=params[:n])
-    assert str(ours) == str(upstream), f"{op}: {ours} != {upstream}"
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[n:]), f"{op}: extra params must be keyword-only"
+@pytest.mark.parametrize("record", OPS, ids=IDS)
+def test_signature_is_the_references_plus_keyword_only_outputs(record):
+    """The public function takes its reference's parameters (upstream's: tests/oracle checks
+    the references against TileKernels 1.0.0), in order, with their defaults, then only
+    keyword-only additions (the out= tensors)."""
+    ours = list(inspect.signature(samples.function(record)).parameters.values())
+    ref = list(inspect.signature(samples.reference(record)).parameters.values())
+    strip = lambda ps: [(p.name, p.kind, p.default) for p in ps]  # noqa: E731
+    assert strip(ours[: len(ref)]) == strip(ref), f"{ours} != {ref}"
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(ref):])
+    assert [p.name for p in ours[len(ref):]] == [o["name"] for o in record["outs"]]
 
 
-def test_every_op_of_the_manifest_is_exported():
-    for record in manifest.load()["ops"]:
-        assert callable(getattr(MODULES[record["module"]], record["name"]))
+@pytest.mark.parametrize("record", OPS, ids=IDS)
+def test_every_op_has_samples_a_reference_and_a_prebuilt_config(record):
+    """A schema without samples or reference, or an op no config of this build serves, fails
+    here: every table this package ships builds at least one config each op's samples use, and
+    the shipped (default) table serves every sample."""
+    assert record["samples"], "no samples"
+    assert callable(samples.reference(record))
+    assert any(s["name"] == "decode" and s["tokens"] == 128 for s in record["samples"]) or record["token_dim"] is None, \
+        "no decode sample (128 tokens)"
+    served = [s["name"] for s in record["samples"] if samples.is_prebuilt(record, s)]
+    assert served, "no sample is served by this build"
+    if manifest.load()["table"] == "default.toml":
+        assert len(served) == len(record["samples"]), f"samples the default table does not build: {served}"
+
+
+def test_every_family_with_ops_is_public_and_imports():
+    import tile_kernels_aot
+
+    families = sorted({r["module"] for r in OPS})
+    assert [f for f in tile_kernels_aot.__all__ if f != "torch"] == families
+    for family in tile_kernels_aot.__all__:
+        module = importlib.import_module(f"tile_kernels_aot.{family}")
+        if family != "torch":
+            assert sorted(module.__all__) == sorted(r["name"] for r in OPS if r["module"] == family)
+    for missing in {"engram", "mhc"} - set(families):
+        with pytest.raises(ImportError):
+            importlib.import_module(f"tile_kernels_aot.{missing}")
 
 
 def test_manifest_is_complete_and_cubins_are_sass_only():

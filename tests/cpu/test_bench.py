@@ -14,50 +14,61 @@ pytest.importorskip("tile_kernels_aot.bench", reason="the package is not install
 from tile_kernels_aot import bench  # noqa: E402
 
 
-def _row(op, tokens, **extra):
-    row = {"op": op, "num_tokens": tokens, "device_us": 43.21, "kernel_us": 42.71, "tbs": 4.12, "copy_share": 0.98,
-           "eager_out_us": 4.6, "eager_alloc_us": 7.19, "bare_launch_us": 3.79, "overhead_out_us": 0.81,
-           "overhead_alloc_us": 3.4, "reference_us": 239.0}
+def _row(op, sample, tokens, host=True, **extra):
+    row = {"op": op, "sample": sample, "num_tokens": tokens, "device_us": 43.21, "kernel_us": 42.71, "tbs": 4.12,
+           "copy_share": 0.98, "reference_us": 239.0}
+    if host:  # the host loops ran (a decode-sized sample)
+        row.update({"eager_out_us": 4.6, "eager_alloc_us": 7.19, "bare_launch_us": 3.79, "overhead_out_us": 0.81,
+                    "overhead_alloc_us": 3.4, "overhead_out_paired_us": 0.52, "overhead_alloc_paired_us": 1.61})
     row.update(extra)
     return row
 
 
 def test_report_columns_and_tilekernels_rows():
     result = {"gpu": "GPU", "torch": "2.x", "date": "2026-11-29", "copy_tbs": 4.21, "first_call_ms": 1.4, "rows": [
-        _row("quant.per_token_cast", 8192, tilekernels_device_us=45.6, tilekernels_kernel_us=44.5,
+        _row("quant.per_token_cast", "prefill", 8192, host=False, tilekernels_device_us=45.6, tilekernels_kernel_us=44.5,
              tilekernels_eager_us=73.3),
-        _row("quant.per_token_cast", 128, tilekernels_error="RuntimeError: no nvcc"),
-        _row("transpose.transpose", 8192, overhead_out_paired_us=0.52, overhead_alloc_paired_us=1.61),
+        _row("quant.per_token_cast", "decode", 128, tilekernels_error="RuntimeError: no nvcc"),
+        _row("transpose.transpose", "decode", 128),
     ]}
     text = bench.format_table(result)
     lines = text.splitlines()
     assert "copy bandwidth 4.21 TB/s" in lines[0] and "1.4 ms" in lines[0]
-    ours = [line for line in lines if line.startswith("| quant.per_token_cast | 8192 | 43.2 | 42.7 |")]
+    ours = [line for line in lines if line.startswith("| quant.per_token_cast | prefill | 8192 | 43.2 | 42.7 |")]
     assert len(ours) == 1 and "| 98% |" in ours[0]
-    assert "| - | - | +0.81 / +3.40 | 239.0 |" in ours[0]  # a row without the paired overheads (older runs)
-    paired = [line for line in lines if line.startswith("| transpose.transpose | 8192 |")]
-    assert len(paired) == 1 and "| +0.52 | +1.61 | +0.81 / +3.40 | 239.0 |" in paired[0]
+    assert "| - | - | - | - | - | - | 239.0 |" in ours[0]  # no host loops at prefill sizes
+    decode = [line for line in lines if line.startswith("| transpose.transpose | decode | 128 |")]
+    assert len(decode) == 1 and "| 4.60 | 7.19 | 3.79 | +0.52 | +1.61 | +0.81 / +3.40 | 239.0 |" in decode[0]
     assert "TileKernels JIT on the same inputs, measured the same way:" in lines
-    assert "| quant.per_token_cast | 8192 | 45.6 | 44.5 | 73.30 | 43.2 | 42.7 |" in lines
-    assert not any(line.startswith("| transpose.transpose | 8192 | 35") for line in lines)
+    assert "| quant.per_token_cast | prefill | 8192 | 45.6 | 44.5 | 73.30 | 43.2 | 42.7 |" in lines
+    assert not any(line.startswith("| transpose.transpose | decode | 128 | 35") for line in lines)
     assert lines[-1] == "TileKernels quant.per_token_cast at 128 tokens failed: RuntimeError: no nvcc"
 
 
 def test_no_tilekernels_table_without_its_rows():
     text = bench.format_table({"gpu": "GPU", "torch": "2.x", "date": "d", "copy_tbs": 4.0, "first_call_ms": 1.0,
-                               "rows": [_row("moe.topk_gate", 8192)]})
+                               "rows": [_row("moe.topk_gate", "prefill", 8192)]})
     assert "TileKernels" not in text
 
 
-def test_report_lists_ops_skipped_for_a_build_without_their_shape():
+def test_report_lists_samples_skipped_for_a_build_without_their_config():
     result = {"gpu": "GPU", "torch": "2.x", "date": "d", "copy_tbs": 4.0, "first_call_ms": None,
-              "rows": [_row("transpose.transpose", 8192)],
-              "skipped": [{"op": "moe.topk_gate", "num_tokens": 8192,
+              "rows": [_row("transpose.transpose", "prefill", 8192)],
+              "skipped": [{"op": "moe.topk_gate", "sample": "prefill", "num_tokens": 8192,
                            "reason": "moe.topk_gate: no prebuilt kernel for num_experts=256"}]}
     lines = bench.format_table(result).splitlines()
     assert lines[0].endswith("first call in a fresh process not measured (no prebuilt moe.topk_gate)")
-    assert lines[-1] == "Skipped moe.topk_gate at 8192 tokens: moe.topk_gate: no prebuilt kernel for num_experts=256"
-    assert sum(line.startswith("| transpose.transpose | 8192 |") for line in lines) == 1
+    assert lines[-1] == ("Skipped moe.topk_gate (prefill, 8192 tokens): "
+                         "moe.topk_gate: no prebuilt kernel for num_experts=256")
+    assert sum(line.startswith("| transpose.transpose | prefill | 8192 |") for line in lines) == 1
+
+
+def test_every_sample_of_this_build_is_a_bench_case():
+    from tile_kernels_aot import manifest
+
+    cases = bench._cases()
+    assert len(cases) == sum(len(r["samples"]) for r in manifest.ops())
+    assert bench._cases(["moe.topk_gate"]) == [c for c in cases if c[0]["name"] == "topk_gate"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

@@ -25,28 +25,37 @@ def test_table_is_a_cartesian_product_without_duplicates(tmp_path):
     assert config_key({"b": True, "a": 3}) == "a=3,b=true"
 
 
-def test_kernels_are_discovered_from_the_tree():
-    pytest.importorskip("tilelang")
-    from aot.build import kernel_names
+def test_op_folders_are_discovered_from_the_tree():
+    from kernels_tl.folders import op_folders
 
-    names = kernel_names()
-    assert names == tuple(sorted(names))
+    folders = op_folders()
+    names = [f.kernel for f in folders]
+    assert names == sorted(names)
     assert {"moe.topk_gate", "quant.per_token_cast", "quant.swiglu_forward_and_per_token_cast",
             "transpose.batched_transpose"} <= set(names)
-    for name in names:
-        assert __import__(f"kernels_tl.{name}", fromlist=["KERNEL"]).KERNEL.name == name
+    for folder in folders:
+        assert (folder.path / "kernel.py").exists() and (folder.path / "host.h").exists()
+        assert folder.factory_name in (folder.path / "kernel.py").read_text()
+        for op in folder.schema.ops:
+            assert op.samples and op.reference.startswith("tile_kernels_aot.torch.")
 
 
 def test_shipped_tables_name_known_kernels_and_valid_params():
-    from aot.build import kernel_names
+    from kernels_tl.folders import op_folders
 
-    kernels = kernel_names()
+    static = {f.kernel: set(f.schema.static) for f in op_folders()}
     for path in (ROOT / "aot" / "shapes").glob("*.toml"):
         for kernel, configs in load_table(path).items():
-            assert kernel in kernels, f"{path.name}: unknown kernel {kernel}"
-            static = set(__import__(f"kernels_tl.{kernel}", fromlist=["KERNEL"]).KERNEL.static)
+            assert kernel in static, f"{path.name}: unknown kernel {kernel}"
             for cfg in configs:
-                assert set(cfg) == static, f"{path.name}: {kernel} {cfg} != static params {static}"
+                assert set(cfg) == static[kernel], f"{path.name}: {kernel} {cfg} != static params {static[kernel]}"
+
+
+def test_ci_table_builds_every_kernel():
+    from kernels_tl.folders import op_folders
+
+    table = load_table(ROOT / "aot" / "shapes" / "ci.toml")
+    assert [f.kernel for f in op_folders() if not table.get(f.kernel)] == []
 
 
 def test_launch_expressions_print_as_cpp():
@@ -96,16 +105,20 @@ def test_cubin_is_cached_reproducible_and_sass_only(lowered, tmp_path, monkeypat
 
 
 def test_generated_stub_compiles(lowered, tmp_path):
-    from aot import stubgen
+    """The generated stub, with the op folder's host.h, compiles warning-free (-Wall -Werror)."""
+    from aot import lower, stubgen
     from aot.manifest import kernel_build_record
-    from kernels_tl.moe import topk_gate
+    from kernels_tl.folders import op_folder
 
+    folder = op_folder("moe.topk_gate")
     record = kernel_build_record(lowered, "sm_90a/x.cubin", b"\0")
-    unit = {"configs": [{"config": lowered.config, "key": config_key(lowered.config), "builds": {"sm_90a": record}}]}
-    paths = stubgen.write_stubs(tmp_path, [(topk_gate.KERNEL, topk_gate.OPS, unit, "test")])
-    includes = [f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'third_party'}",
+    unit = {"configs": [{"config": lowered.config, "key": config_key(lowered.config),
+                         "constants": lower.host_constants("moe.topk_gate", lowered.config), "builds": {"sm_90a": record}}]}
+    paths = stubgen.write_stubs(tmp_path, [(folder.kernel, folder.schema, unit, folder.path)])
+    includes = [f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'third_party'}", f"-I{tmp_path / 'include'}",
                 f"-I{sysconfig.get_paths()['include']}"]
     for path in paths:
         result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", *includes, str(path)],
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
+

@@ -10,33 +10,27 @@ import pytest
 import torch
 
 import tile_kernels_aot
-from tile_kernels_aot import moe, quant, transpose
+from tile_kernels_aot import samples, transpose
 
 from checks import assert_bits_equal, prebuilt_configs
+from ops import OPS, qualname
 
 
-def _x(n, h, dtype, gen):
-    return torch.randn(n, h, generator=gen, device=gen.device).to(dtype)
+def _case(record):
+    """(name, call(num_tokens, gen) -> (fn, args, kwargs), per_token): the op's first sample at
+    another token count (rounded up to one the op accepts)."""
+    fn, sample = samples.function(record), record["samples"][0]
+
+    def call(n, gen):
+        args, kwargs = samples.make_args(sample, samples.token_counts(record, n)[0], gen)
+        return fn, args, kwargs
+
+    return qualname(record), call, record["token_dim"] is not None
 
 
-def _cases():
-    """(name, call(num_tokens, gen) -> (fn, args), per_token) for the first prebuilt config of each op."""
-    cases = []
-    if prebuilt_configs("moe.topk_gate"):
-        e = prebuilt_configs("moe.topk_gate")[0]["num_experts"]
-        cases.append(("moe.topk_gate", lambda n, g: (moe.topk_gate, (torch.randn(n, e, generator=g, device=g.device), min(8, e))), True))
-    if prebuilt_configs("quant.per_token_cast"):
-        cases.append(("quant.per_token_cast", lambda n, g: (quant.per_token_cast, (_x(n, 2048, torch.bfloat16, g), "e4m3", 128)), True))
-    if prebuilt_configs("quant.swiglu_forward_and_per_token_cast"):
-        cases.append(("quant.swiglu_forward_and_per_token_cast",
-                      lambda n, g: (quant.swiglu_forward_and_per_token_cast, (_x(n, 4096, torch.bfloat16, g), "e4m3", 128)), True))
-    if prebuilt_configs("transpose.batched_transpose"):
-        cases.append(("transpose.transpose", lambda n, g: (transpose.transpose, (_x(max(n, 64) // 64 * 64, 256, torch.bfloat16, g),)), False))
-    return cases
-
-
-CASES = _cases()
+CASES = [_case(r) for r in OPS if samples.is_prebuilt(r, r["samples"][0])]
 IDS = [c[0] for c in CASES]
+PER_TOKEN = [c for c in CASES if c[2]]
 
 
 def _outputs(result):
@@ -45,24 +39,30 @@ def _outputs(result):
 
 @pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
 def test_bit_identical_reruns(name, call, per_token, gen):
-    fn, args = call(3000, gen)
-    first = _outputs(fn(*args))
+    fn, args, kwargs = call(3000, gen)
+    first = _outputs(fn(*args, **kwargs))
     for _ in range(3):
-        for a, b in zip(first, _outputs(fn(*args))):
+        for a, b in zip(first, _outputs(fn(*args, **kwargs))):
             assert_bits_equal(b, a, f"{name} rerun")
 
 
-@pytest.mark.parametrize("name,call,per_token", [c for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]])
+def _rows(value, start, stop, n):
+    """Rows start:stop of a per-token argument (a tensor with n rows), else the value itself."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+        return value[start:stop].contiguous()
+    return value
+
+
+@pytest.mark.parametrize("name,call,per_token", PER_TOKEN, ids=[c[0] for c in PER_TOKEN])
 def test_row_independent_of_batch(name, call, per_token, gen):
-    fn, args = call(1000, gen)
-    full = _outputs(fn(*args))
+    fn, args, kwargs = call(1000, gen)
+    full = _outputs(fn(*args, **kwargs))
     for start, stop in ((0, 1), (5, 6), (3, 131), (999, 1000)):
-        part = _outputs(fn(args[0][start:stop].contiguous(), *args[1:]))
+        part = _outputs(fn(*[_rows(a, start, stop, 1000) for a in args],
+                           **{k: _rows(v, start, stop, 1000) for k, v in kwargs.items()}))
         for a, b in zip(full, part):
-            if a.dim() == 2 and a.shape[0] == 1000:  # per-token tensors (data, row-major sf)
-                assert_bits_equal(b, a[start:stop], f"{name} rows {start}:{stop}")
-            elif a.dim() == 2 and a.shape[1] == 1000:  # transposed views never occur here
-                raise AssertionError("unexpected layout")
+            assert a.shape[0] == 1000, f"{name}: a per-token output has {a.shape[0]} rows"
+            assert_bits_equal(b, a[start:stop], f"{name} rows {start}:{stop}")
 
 
 def _assert_replay_writes(graph, captured, expected, name):
@@ -77,26 +77,27 @@ def _assert_replay_writes(graph, captured, expected, name):
 
 @pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
 def test_cuda_graph_and_side_stream(name, call, per_token, gen):
-    fn, args = call(512, gen)
-    expected = _outputs(fn(*args))
+    fn, args, kwargs = call(512, gen)
+    expected = _outputs(fn(*args, **kwargs))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        on_stream = _outputs(fn(*args))
+        on_stream = _outputs(fn(*args, **kwargs))
     stream.synchronize()
     for a, b in zip(expected, on_stream):
         assert_bits_equal(b, a, f"{name} side stream")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = _outputs(fn(*args))
+        captured = _outputs(fn(*args, **kwargs))
     _assert_replay_writes(graph, captured, expected, name)
 
 
-@pytest.mark.parametrize("name,call,per_token", [c for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]])
+@pytest.mark.parametrize("name,call,per_token", PER_TOKEN, ids=[c[0] for c in PER_TOKEN])
 def test_empty_input(name, call, per_token, gen):
-    fn, args = call(4, gen)
-    full = _outputs(fn(*args))
-    empty = _outputs(fn(args[0][:0], *args[1:]))
+    fn, args, kwargs = call(4, gen)
+    full = _outputs(fn(*args, **kwargs))
+    _, empty_args, empty_kwargs = call(0, gen)
+    empty = _outputs(fn(*empty_args, **empty_kwargs))
     for f, e in zip(full, empty):
         assert e.shape[0] == 0 or e.shape[1] == 0 or e.numel() == 0
         assert e.dtype == f.dtype and e.device == f.device
@@ -111,15 +112,15 @@ def test_freed_outputs_reused_on_their_stream_only(name, call, per_token, gen):
     """A small call's outputs, once freed, back the next call on the same stream; a live
     output is never reused, and another stream allocates afresh."""
     tile_kernels_aot.empty_cache()
-    fn, args = call(128, gen)
-    _, other = call(128, gen)
-    expected, expected_other = _outputs(fn(*args)), _outputs(fn(*other))
-    first = _outputs(fn(*args))
+    fn, args, kwargs = call(128, gen)
+    _, other, other_kw = call(128, gen)
+    expected, expected_other = _outputs(fn(*args, **kwargs)), _outputs(fn(*other, **other_kw))
+    first = _outputs(fn(*args, **kwargs))
     freed = _pointers(first)
     del first
-    second = _outputs(fn(*other))
+    second = _outputs(fn(*other, **other_kw))
     assert _pointers(second) == freed, f"{name}: freed output memory was not reused"
-    third = _outputs(fn(*args))  # `second` is alive: fresh memory
+    third = _outputs(fn(*args, **kwargs))  # `second` is alive: fresh memory
     assert not _pointers(third) & _pointers(second)
     for a, b in zip(expected_other, second):
         assert_bits_equal(b, a, f"{name} output in reused memory")
@@ -129,11 +130,11 @@ def test_freed_outputs_reused_on_their_stream_only(name, call, per_token, gen):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        on_stream = _outputs(fn(*args))
+        on_stream = _outputs(fn(*args, **kwargs))
         assert not _pointers(on_stream) & freed, f"{name}: another stream's freed memory was reused"
         kept = _pointers(on_stream)
         del on_stream
-        again = _outputs(fn(*other))
+        again = _outputs(fn(*other, **other_kw))
         assert _pointers(again) == kept
     stream.synchronize()
     for a, b in zip(expected_other, again):
@@ -145,19 +146,19 @@ def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
     """A capture takes no freed eager memory, and outputs freed inside a capture (the graph
     pool's) back no eager call: eager outputs alive across a replay stay intact."""
     tile_kernels_aot.empty_cache()
-    fn, args = call(128, gen)
-    _, other = call(128, gen)
-    expected, expected_other = _outputs(fn(*args)), _outputs(fn(*other))
+    fn, args, kwargs = call(128, gen)
+    _, other, other_kw = call(128, gen)
+    expected, expected_other = _outputs(fn(*args, **kwargs)), _outputs(fn(*other, **other_kw))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
-        freed = _pointers(_outputs(fn(*other)))  # freed at once: kept for this stream
+        freed = _pointers(_outputs(fn(*other, **other_kw)))  # freed at once: kept for this stream
         with torch.cuda.graph(graph, stream=stream):
-            _outputs(fn(*args))  # an intermediate, freed inside the capture
-            captured = _outputs(fn(*args))
+            _outputs(fn(*args, **kwargs))  # an intermediate, freed inside the capture
+            captured = _outputs(fn(*args, **kwargs))
         assert not _pointers(captured) & freed, f"{name}: the capture took freed eager memory"
-        eager = [_outputs(fn(*other)) for _ in range(3)]
+        eager = [_outputs(fn(*other, **other_kw)) for _ in range(3)]
     _assert_replay_writes(graph, captured, expected, name)
     for outputs in eager:
         for a, b in zip(expected_other, outputs):
@@ -224,25 +225,22 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError(name)
 sys.meta_path.insert(0, Block())
 import torch
-from tile_kernels_aot import manifest, moe, quant, transpose
-from tile_kernels_aot.torch import moe as rmoe, quant as rquant, swiglu as rswiglu, transpose as rtranspose
+from tile_kernels_aot import manifest, samples
 g = torch.Generator(device="cuda").manual_seed(1)
 checks = 0
-for c in manifest.configs("moe.topk_gate")[:1]:
-    s = torch.randn(300, c["num_experts"], generator=g, device="cuda")
-    assert torch.equal(moe.topk_gate(s, 2), rmoe.topk_gate(s, 2)); checks += 1
-if manifest.configs("quant.per_token_cast"):
-    x = torch.randn(300, 2048, generator=g, device="cuda").bfloat16()
-    (a, b), (c, d) = quant.per_token_cast(x, "e4m3", 128), rquant.per_token_cast(x, "e4m3", 128)
-    assert torch.equal(a.view(torch.uint8), c.view(torch.uint8)) and torch.equal(b, d); checks += 1
-if manifest.configs("quant.swiglu_forward_and_per_token_cast"):
-    x = torch.randn(300, 4096, generator=g, device="cuda").bfloat16()
-    (a, b) = quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
-    (c, d) = rswiglu.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
-    assert torch.equal(a.view(torch.uint8), c.view(torch.uint8)) and torch.equal(b, d); checks += 1
-if manifest.configs("transpose.batched_transpose"):
-    x = torch.randn(256, 320, generator=g, device="cuda").bfloat16()
-    assert torch.equal(transpose.transpose(x), rtranspose.transpose(x)); checks += 1
+for record in manifest.ops():
+    sample = record["samples"][0]
+    if not samples.is_prebuilt(record, sample):
+        continue
+    args, kwargs = samples.make_args(sample, samples.token_counts(record, 300)[0], g)
+    ours = samples.outputs_by_name(record, samples.function(record)(*args, **kwargs))
+    cpu = lambda v: v.cpu() if isinstance(v, torch.Tensor) else v
+    ref = samples.outputs_by_name(record, samples.reference(record)(*map(cpu, args), **{k: cpu(v) for k, v in kwargs.items()}))
+    for name, t in ours.items():
+        e = ref[name]
+        assert torch.equal(t.cpu().contiguous().view(torch.uint8), e.contiguous().view(torch.uint8)), (record["name"], name)
+    checks += 1
+assert checks > 0
 assert not any(m.split(".")[0] in ("tilelang", "tvm", "tvm_ffi") for m in sys.modules)
 print("ok", checks)
 """
@@ -265,11 +263,11 @@ def test_second_device(name, call, per_token):
     g1 = torch.Generator(device="cuda:1").manual_seed(7)
     g0 = torch.Generator(device="cuda:0").manual_seed(7)
     with torch.cuda.device(1):
-        fn, args1 = call(300, g1)
-    fn, args0 = call(300, g0)
-    on1 = _outputs(fn(*args1))
+        fn, args1, kw1 = call(300, g1)
+    fn, args0, kw0 = call(300, g0)
+    on1 = _outputs(fn(*args1, **kw1))
     assert torch.cuda.current_device() == 0
-    on0 = _outputs(fn(*args0))
+    on0 = _outputs(fn(*args0, **kw0))
     for a, b in zip(on0, on1):
         assert b.device == torch.device("cuda", 1)
         assert_bits_equal(b, a, f"{name} on cuda:1")

@@ -1,108 +1,43 @@
 """moe.topk_gate: the indices of each token's ``num_topk`` largest expert scores.
 
 ``scores`` float32 [num_tokens, num_experts] (contiguous) -> ``topk_idx`` int64
-[num_tokens, num_topk], in descending score order, ties to the smaller expert
-index.
+[num_tokens, num_topk]: ``torch.sort(scores, descending=True, stable=True)
+.indices[:, :num_topk]``, i.e. descending, ties to the smaller expert index.
+``-0.0 == +0.0``; every NaN ranks above ``+inf`` and NaNs tie among themselves;
+``-inf`` is an ordinary (smallest) score, so a row holds ``num_topk`` distinct
+indices.  Any ``1 <= num_topk <= num_experts``.
 
 Design
 ------
-One warp per token, ``TOKENS_PER_BLOCK`` warps per block.  Lane ``l`` keeps the
-scores of experts ``l, l + 32, l + 64, ...`` in registers (``slots`` of them),
-so every load is one coalesced 128-byte row segment per warp and every lane has
-work for every expert count (72 experts: 3 slots, the last one 8 lanes wide).
+One warp per token, ``TOKENS_PER_BLOCK`` (8) warps per block.  Lane ``l`` keeps
+the scores of experts ``l, l + 32, ...`` in registers (``slots`` of them): every
+load is one coalesced 128-byte segment per warp.  Each score becomes a uint32
+*key* whose integer order is the wanted order (``_order_key``; 0 marks a taken
+or padding slot).  No shared memory, no block barrier, no shuffles.
 
-Each score becomes a 32-bit unsigned *key* whose integer order is the order we
-want (see ``_order_key``).  The token's top-k then takes ``num_topk`` rounds
-of:
+Composite pass (every row): the low ``IDX_BITS`` bits of each key (7 for 72
+experts, 8 for 256, 9 for 288 and 384) are replaced by ``IDX_MASK - expert``.
+Keys become unique, so one ``redux.sync.max.u32`` per round names the winner;
+its owner zeroes that slot and lane ``r`` keeps round ``r``'s winner.  The
+result is exact when no key has low bits set (bf16-, fp16- or integer-valued
+scores), or when the prefixes of the k + 1 largest composite keys are pairwise
+different (a uniform check on each round's reduced value).
 
-1. every lane takes the max of its keys;
-2. ``redux.sync.max.u32`` (one instruction, sm_80+) gives the warp's max key;
-3. each lane offers the smallest expert index among its slots holding that
-   key, ``redux.sync.min.u32`` picks the smallest offer: ties go to the
-   smaller index, across lanes and within a lane;
-4. the owner of the winning slot zeroes its key (key 0 is below every real
-   score), and lane ``r`` keeps the winner of round ``r``.
+Exact rounds (fallback, when that check fails): the warp reloads its row and,
+per round, reduces the plain keys with ``redux.max``, then the smallest expert
+index holding the max with ``redux.min`` (each lane offers its slot base, an
+immediate, plus its lane id once; ``_NO_OFFER`` cannot wrap).  The fallback's
+stores overwrite the composite pass's.
 
-Lanes ``0..num_topk-1`` then store their int64 index (one coalesced store per
-token).  A round is about ``4 * slots + 10`` instructions per warp (sm_90a,
-256 experts: 4 VIMNMX3, 2 REDUX, 32 ISETP/SEL, ~5 others), with no shuffles,
-no shared memory and no block barrier.  These *exact rounds* are now the
-fallback of the composite-key pass below, which every row runs first.  The
-loop over rounds is a plain run-time loop (nvcc unrolls it by 2), so
-``num_topk`` is a *dynamic* parameter: one cubin per expert count serves every
-top-k, for about 2 instructions of loop control per round.  Ranks are
-collected 32 at a time, so any ``1 <= num_topk <= num_experts`` works.
+``num_topk`` is dynamic: a run-time loop over rounds (nvcc unrolls it by 2);
+ranks are collected 32 at a time and stored by the lanes that hold them.
+``__launch_bounds__(256, 8)`` caps the kernel at 32 registers, so 64 warps fit
+per SM and an 8192-token batch runs in one wave, all row loads issued at once.
+The round loops are latency-bound by their dependent warp reductions.
 
-Composite keys (round 2 of tuning).  The low ``IDX_BITS`` bits of every key
-(7 for 72 experts, 8 for 256, 9 for 288 and 384) are replaced by
-``IDX_MASK - expert``: keys become unique, their order is (prefix descending,
-expert ascending), and one ``redux.max`` per round names the winner -- no offer
-step, no second reduction, and only the owner's slot equals the winner.  ~28
-instructions per round instead of ~48 (sm_90a, 256 experts), one reduction
-latency instead of two.  The result is exact when
-
-* every key of the row has zero low bits (scores that came from bf16 or fp16,
-  integers, ...): the composite order *is* the reference order; or
-* the prefixes of the k + 1 largest composite keys are pairwise different (a
-  uniform check per round, on the reduction's uniform result): then every
-  other key is smaller than the k-th, and the k are strictly ordered.
-
-Otherwise (two of the top k + 1 scores differ only in their low bits, or tie
-exactly with low bits set, or several NaNs are among them) the warp reloads
-its row and runs the exact rounds; the composite pass's stores are
-overwritten.  A Python model of both passes matched the stable sort on 6000
-rows (random, ties, near ties, NaN/inf, bf16-valued; k = 1, 8, 9, 33, all).
-
-Order and NaN handling (the spec is the reference: a stable descending sort,
-``torch.sort(scores, descending=True, stable=True).indices[:, :num_topk]``):
-
-* ``-0.0`` and ``+0.0`` are equal (tie -> smaller index);
-* every NaN, whatever its sign and payload, ranks above ``+inf``, and NaNs tie
-  among themselves (-> smaller index), as in ``torch.sort``/``torch.topk``;
-* ``-inf`` is an ordinary (smallest) score: every returned row holds
-  ``num_topk`` distinct indices.
-
-Static configurations: ``num_experts`` only (72, 256, 288, 384: 4 configs cover
-DESIGN.md's coverage, every top-k included).
-
-Expected cost at 8192 x 256, k = 8: 8 MiB read + 0.5 MiB written (~2 us of
-DRAM time, overlapped with the compute of tokens whose rows have arrived);
-~90 instructions of loads and key conversion plus 8 rounds of ~43, i.e.
-~435 warp instructions per token, 3.6 M in all: ~3.5 us of issue time on 132
-SMs at one instruction per scheduler per cycle.
-
-Occupancy (tuning; H200 measured 9.3 us at 8192 x 256, k = 8, target 9).
-Before: 34 registers on sm_90a, which the allocator rounds to 40 per thread
-(256-register warp granularity): 51 warps fit, i.e. 6 blocks = 48 warps per
-SM, 792 blocks per wave for 1024 blocks -- 1.3 waves, and the last 232 blocks
-start only when first-wave blocks retire, paying a second full DRAM latency +
-8-round dependency chain on top.  Now:
-
-* ``__launch_bounds__(256, 8)`` (``T.annotate_min_blocks_per_sm``) caps the
-  kernel at 32 registers, so 8 blocks = 64 warps (the hardware maximum) fit
-  per SM: 1056 resident blocks >= 1024, the whole 8192-token batch is one
-  wave and every row load is issued at kernel start;
-* the offer step selects the slot base ``32 * s`` (an immediate) and adds the
-  lane once before ``redux.min``, instead of keeping 8-12 ``32 * s + lane``
-  constants in registers: that is what makes the 32-register cap free (no
-  spills, no re-materialised constants; the loop, unrolled by 2, is 96 instructions
-  for 2 rounds on sm_90a at 256 experts, as before).  ``_NO_OFFER`` is
-  0xFFFFFF00 so that adding a lane id cannot wrap.
-
-ptxas (sm_90a / sm_100a): 72 experts 24 / 22, 256: 28 / 26, 288: 28 / 28,
-384: 32 / 30 registers, no spills.  Predicted: the 256-expert launch loses its
-second-wave tail, ~9.3 -> ~8 us (instruction count per token unchanged).
-Measured 9.2-9.4 us device time, 8.9 us kernel time (64-launch graphs; Nsight
-Compute: 0.53 instructions issued per scheduler and cycle, 62% achieved
-occupancy: latency-bound by the two dependent reductions of every round).
-
-Round 2: the composite-key pass (above).  With both passes in one kernel,
-ptxas at the 32-register cap keeps everything in registers for 72 experts and
-spills 4 / 24 / 48 bytes (sm_90a; sm_100a 0 / 4 / 8) for 256 / 288 / 384, all
-outside the round loops (values kept for the fallback and the per-32-ranks
-store).  Predicted: ~40% fewer instructions per row at k = 8, ~7.5-8 us.
-Measured 8.2 us device time, 7.9 us kernel time (from 9.2 / 8.9 in the same
-session; 8192 x 256, k = 8, random fp32 scores, i.e. the verifying path).
+Static configurations: ``num_experts`` only (72, 256, 288, 384); one cubin per
+expert count serves every top-k.  8192 x 256, k = 8, random fp32 scores: 7.7 us
+device time on an H200.  Measurements and alternatives: ``notes.md``.
 """
 
 from tilelang import language as T
@@ -114,7 +49,8 @@ WARP = 32
 # block wastes little, large enough to keep the block count low.
 TOKENS_PER_BLOCK = 8
 # Blocks per SM asked of ptxas: 64 warps (the hardware maximum), i.e. a
-# 32-register cap (every expert count fits without spills).
+# 32-register cap (spills, where any, are a few bytes outside the round loops:
+# notes.md).
 MIN_BLOCKS_PER_SM = 64 // TOKENS_PER_BLOCK
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
@@ -147,8 +83,8 @@ def topk_gate_kernel(num_experts: int):
     num_topk = T.dynamic("num_topk")
     slots = (num_experts + WARP - 1) // WARP
     full_slots = num_experts // WARP  # slots where all 32 lanes hold an expert
-    # Composite keys (see "Composite keys"): the low IDX_BITS of a key carry
-    # ``IDX_MASK - expert``, the rest is the key's prefix.
+    # Composite keys (module docstring, "Composite pass"): the low IDX_BITS
+    # of a key carry ``IDX_MASK - expert``, the rest is the key's prefix.
     idx_bits = max(1, (num_experts - 1).bit_length())
     idx_mask = (1 << idx_bits) - 1
     prefix_mask = 0xFFFFFFFF ^ idx_mask
@@ -201,7 +137,7 @@ def topk_gate_kernel(num_experts: int):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS_PER_BLOCK), threads=TOKENS_PER_BLOCK * WARP) as pid:
             wait_for_previous_grid()  # programmatic dependent launch
-            # <= 32 registers: 8 blocks = 64 warps per SM (see "Occupancy").
+            # <= 32 registers: 8 blocks = 64 warps per SM (see notes.md, "Occupancy").
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
             lane = tid % WARP

@@ -1,117 +1,44 @@
 """quant.per_token_cast (+ ``_with_sf_only``, ``_with_precomputed_sf``): FP8/FP4
 quantization of each row in groups of ``num_per_channels`` channels.
 
-``x`` bf16/fp32 [num_tokens, hidden] (rows may be strided, unit stride inside a
-row) -> ``out`` float8_e4m3fn [num_tokens, hidden] or packed e2m1 int8
-[num_tokens, hidden / 2] (element ``2j`` in the low nibble of byte ``j``), and the
-dequantization factors ``out_sf`` of every group, as fp32 row-major, fp32
-TMA-aligned column-major, or UE8M0 exponents packed four per int32 in the
-column-major form.  The arithmetic is the reference's
-(``tile_kernels_aot.torch.quant``): ``c = max(amax, clamp_min)``,
-``sf = c / MAX``, ``sf_inv = MAX / c`` (both IEEE divisions) or, with
-``round_sf``, ``sf = 2**e``, ``sf_inv = 2**-e`` with ``e = ceil(log2(c / MAX))``
-taken on the bits; ``q = encode(float32(x) * sf_inv)``, e4m3 by the hardware's
-``cvt.rn.satfinite`` and e2m1 round-to-nearest-even saturating at 6.
+``x`` bf16/fp32 [num_tokens, hidden] (rows may be strided) -> ``out`` e4m3
+[num_tokens, hidden] or packed e2m1 [num_tokens, hidden / 2] (element ``2j`` in
+the low nibble of byte ``j``), and each group's factor ``out_sf``: fp32
+row-major, fp32 TMA-aligned column-major, or UE8M0 packed four per int32.  The
+arithmetic is the reference's (``tile_kernels_aot.torch.quant``):
+``c = max(amax, clamp_min)``, ``sf = c / MAX``, ``sf_inv = MAX / c`` (IEEE
+divisions) or, with ``round_sf``, powers of two ``2**ceil(log2(c / MAX))`` taken
+on the bits; ``q = encode(float32(x) * sf_inv)`` (e4m3 ``cvt.rn.satfinite``,
+e2m1 round-to-nearest-even saturating at 6).
 
 Design
 ------
-A purely memory-bound kernel: per element 2 (bf16) or 4 (fp32) bytes in and
-1 or 1/2 byte out.  Everything lives in registers; there is no shared memory
-except 32 bytes for the cross-warp max of the one-group-per-row variant.
+Memory-bound; everything lives in registers (shared memory only for the
+cross-warp max of one group per row).
 
-* The unit of data is a 16-byte *piece* (8 bf16 / 4 fp32 values): one
-  ``LDG.128`` per piece.  With groups, every thread owns 32 values (4 bf16 or
-  8 fp32 pieces, all loads issued before the first use) and no element twice;
-  one group per row: 32 elements (4 or 8 pieces).
-* A group is shared by ``TPG`` consecutive lanes (2 for groups of 32 and 64,
-  4 for 128) that read its pieces *interleaved*: lane ``r`` takes pieces
-  ``r, r + TPG, r + 2 TPG, ...`` of the group.  At every load instruction the
-  ``TPG`` lanes of a group thus read ``TPG * 16 >= 32`` contiguous bytes, i.e.
-  whole 32-byte sectors, while a thread still needs only ``log2(TPG)``
-  shuffles for its group's max.  (Giving each thread one contiguous run would
-  make every load instruction touch half of each sector.)  A thread covers
-  ``ROUNDS`` consecutive groups: 2 / 1 / 1 for groups of 32 / 64 / 128
-  (``_group_layout``; the stub's thread count is generated from the same
-  table).
-* A *slot* = the ``TPG`` lanes that share ``ROUNDS`` consecutive groups of
-  one row; rows are laid out slot after slot across the flat thread index
-  (``lanes_per_row`` threads per row, a runtime argument), so ``hidden`` and
-  the token count are dynamic and one cubin serves every width.  Groups past
-  the end of a row (the partial last group of hidden = 576 with groups of 128,
-  padding groups of a packed word) load nothing and contribute 0 to the max.
-* One group per row (``group = 0``): ``lanes_per_row`` = the next power of two
-  of ``hidden / 32`` (<= 256, so hidden <= 8192), lane ``r`` reads pieces
-  ``r, r + lanes_per_row, ...`` of the row (every load instruction of a warp
-  is one contiguous 512-byte run); the row max is a shuffle tree inside the
-  warp and, for rows wider than a warp, a 8-float shared-memory exchange.
-* Scale factors: each group's factor is written by its slot's first lane, as
-  one 32-bit word, through the two element strides of the sf tensor (row-major
-  ``(groups, 1)``, column-major ``(1, align(T, 4))``), so the layout is a
-  runtime argument.  Packed UE8M0: the 4 groups of one int32 word belong to
-  ``4 / ROUNDS`` consecutive slots of one warp (the host pads the slots of a
-  row to whole words); the first of them ORs the others' exponent bytes in
-  with ``shfl_down`` and writes the word, unused bytes zero.
-* Variant flags (runtime, uniform branches): ``write_out`` (0 for
-  ``_with_sf_only``), ``read_sf`` (``_with_precomputed_sf``: the fp32 factor is
-  read and inverted, ``1 / sf``; nothing is written to sf), ``round_sf``,
-  ``packed_sf``.
-* e2m1 encoding: on sm_100a the hardware's ``cvt.rn.satfinite.e2m1x2.f32``
-  (TileLang's float4_e2m1fn cast); elsewhere (sm_90a has no FP4 convert, and
-  the CUDA header's software fallback is slow and branchy) a branch-free count
-  of the rounding boundaries below ``|v|``, identical to the reference's.  The
-  choice is made from the TVM target current when the factory runs
-  (``aot.lower`` runs it under the target); without one the portable path is
-  used (bit-identical, only slower on sm_100a).
+* A *piece* is 16 bytes, one ``LDG.128``.  A thread owns 32 values (4 bf16 or 8
+  fp32 pieces), every load issued before the first use.
+* A group is shared by ``TPG`` consecutive lanes (2 for groups of 32 and 64, 4
+  for 128) that read its pieces interleaved (lane ``r``: pieces ``r, r + TPG,
+  ...``): each load instruction covers whole 32-byte sectors and the group max
+  takes ``log2(TPG)`` shuffles.  A thread covers ``ROUNDS`` consecutive groups
+  (``_group_layout``, also the source of the stub's thread count).
+* ``lanes_per_row`` threads per row over the flat thread index (one division
+  per thread), so hidden and the token count are dynamic.  Groups past a row's
+  end load nothing and add 0 to the max.
+* One group per row (``group = 0``): ``lanes_per_row`` = next power of two of
+  ``hidden / 32`` (hidden <= 8192), a shuffle tree, then an 8-float exchange.
+* bf16 max on packed pairs (``HMNMX2`` on ``|x|``, NaN-dropping like ``fmaxf``),
+  one widening per lane: widening every element spilled.
+* The slot's first lane writes the factors through the sf tensor's two strides;
+  packed UE8M0 words gather their bytes from neighbouring slots (``shfl_down``).
+  Runtime flags (uniform): ``write_out``, ``read_sf``, ``round_sf``, ``packed_sf``.
+* e2m1: sm_100a's ``cvt.rn.satfinite.e2m1x2.f32``; elsewhere a branch-free count
+  of rounding boundaries (bit-identical), chosen from the current TVM target.
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1)
-x ``group`` (32, 64, 128, 0 = one group per row) = 16 configs cover DESIGN.md's
-coverage (every hidden size, every sf form, round_sf and the three ops are
-runtime arguments).
-
-Expected cost at the prefill shape (bf16 -> e4m3, 8192 x 7168, groups of 128):
-117.4 MB read + 58.7 MB + 1.8 MB (fp32 sf) written = 178 MB, 43.4 us at
-4.1 TB/s.  7168 blocks of 256 threads (224 threads per row, one group of 128
-per 4 lanes), 4 x LDG.128 + 4 x STG.64 per thread.
-
-Tuning (issue 2; measured 46.4 us = 3.84 TB/s with 32 bf16 values per thread)
-----------------------------------------------------------------------------
-* Bytes in flight.  Little's law at ~4.2 TB/s and ~1 us of (loaded) latency
-  asks for >= 32 KB of loads in flight per SM *on average*.  Before: 4 blocks
-  x 256 threads x 64 B = 64 KB per SM at the peak, but a one-shot thread has
-  loads in flight only during its first phase (then it converts, stores and
-  exits, and a new block must be launched), so the time average sat near the
-  knee.  Now bf16 threads own 8 pieces like fp32 threads already did:
-  128 KB per SM at the peak, with the same 4 blocks per SM (<= 64 registers,
-  no spills: see below), all 8 loads issued before the first use.
-* Half the blocks (7168 -> 3584, 13.6 -> 6.8 waves of 528 resident blocks):
-  half the block launches and half the per-thread index math (the one
-  division by ``lanes_per_row``) per byte.  The tail cost stays about one
-  unloaded latency (the drain of the last blocks, whose lifetime is
-  queueing-dominated), i.e. ~1 us, not more.
-* bf16 group max on packed pairs (``HMNMX2`` on ``|x|``, exact and NaN-
-  dropping like the fp32 ``fmaxf`` chain, one widening per lane at the end).
-  Widening each element for the max made the compiler keep 64 fp32 copies
-  alive for the scaling: with 64 values per thread that spilled 8-112 bytes;
-  with the packed max the grouped bf16 configs need 56-64 registers and the
-  per-row bf16 configs drop from ~54 to ~37.
-* Index math: no per-element division or modulo (all unrolled constants);
-  one 32-bit division per thread.  Stores stay 8-byte ``STG.64`` (the lanes of
-  a group together write whole 32-byte sectors; 16-byte stores would need a
-  non-interleaved ownership that halves the load sector efficiency).
-Predicted: ~44 us (4.0-4.05 TB/s, the rest of the gap to the copy rate being
-the launch ramp and the drain), from 46.4 us.
-
-Round 3.  The rounds above were judged on graphs of only the 2 input sets this
-shape needs to exceed L2, so half of the graph's launch latency counted as
-device time and two runs of one kernel differed by up to 2 us.  With 64
-launches per graph (now the bench's method) repeats agree within ~0.2 us, and a
-CUDA C model of this kernel (same layout, lanes and stores; `.device/` probe,
-not shipped) measured: 128 bytes per thread (the round-1 layout, 256 threads)
-44.7 us, the same as this kernel in that run; 64 bytes per thread 43.5-43.7 us
-with 128, 256 or 512 threads; L2::256B load hints and streaming / evict-first
-stores within 0.2 us of plain ones; non-coherent (``.nc``) loads 4-6 us
-slower.  So bf16 threads own 4 pieces again (one group of 128 per 4 lanes);
-fp32, not measured, keeps 8 pieces (still 32 values per thread).
+x ``group`` (32, 64, 128, 0): 16 configs.  bf16 -> e4m3, 8192 x 7168, groups of
+128: 42.5 us device time on an H200, 99% of its copy bandwidth (``notes.md``).
 """
 
 from tilelang import language as T
@@ -121,7 +48,7 @@ from kernels_tl.dependent_launch import wait_for_previous_grid
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
 # 128 bytes of fp32 x (8 pieces, 32 values).  One group per row: 32 elements.  (For bf16,
-# 64 bytes per thread measured ~1 us faster at the prefill shape than 128: see "Tuning".)
+# 64 bytes per thread measured ~1 us faster at the prefill shape than 128: see notes.md.)
 PIECES_PER_THREAD = {"bfloat16": 4, "float32": 8}
 ELEMS_PER_THREAD_ROW = 32
 # Launch bounds: <= 64 registers, i.e. at least 4 blocks of 256 threads per SM (no

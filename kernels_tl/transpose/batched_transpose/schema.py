@@ -24,6 +24,7 @@ SCHEMA = Schema(
                  "float8_e4m3fn, M and N multiples of 64, x.stride(-1) == 1, row and batch strides (and the data "
                  "pointer) multiples of 4 elements; the result is contiguous."),
             token_dim=None,
+            token_multiple=64,
         ),
         Op(
             module="transpose",
@@ -43,6 +44,7 @@ SCHEMA = Schema(
                  "multiples of 64, x.stride(-1) == 1, row stride (and the data pointer) multiples of 4 elements; the "
                  "result is contiguous."),
             token_dim=None,
+            token_multiple=64,
         ),
     ],
 )

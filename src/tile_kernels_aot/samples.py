@@ -1,0 +1,92 @@
+"""Calls of the ops as their schemas' samples describe them (bench, tests, sanitizer script).
+
+A sample is plain data from the op folder's ``schema.py`` (carried by the manifest): positional
+and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
+shape (``"T"`` standing for the token count) and dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+
+def resolve(dotted: str):
+    """``'tile_kernels_aot.torch.moe.topk_gate'`` -> the function."""
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def function(record: dict):
+    """The public function of an op record."""
+    return resolve(f"tile_kernels_aot.{record['module']}.{record['name']}")
+
+
+def reference(record: dict):
+    return resolve(record["reference"])
+
+
+def _is_tensor_spec(value) -> bool:
+    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand")
+
+
+def _tensor(spec: dict, tokens: int, gen, device, empty: bool):
+    shape = [tokens if d == "T" else int(d) for d in spec["shape"]]
+    dtype = getattr(torch, spec["dtype"])
+    if empty:  # shapes and dtypes only (argument checks, config lookup)
+        return torch.empty(shape, dtype=dtype, device=device)
+    if spec["kind"] == "randint":
+        return torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype)
+    base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
+        torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
+    return base.to(dtype)
+
+
+def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: bool = False):
+    """``(args, kwargs)`` of one call of ``sample`` at ``tokens`` tokens (default: the sample's),
+    drawn from ``gen`` (a generator on ``device``)."""
+    tokens = sample["tokens"] if tokens is None else tokens
+
+    def value(v):
+        return _tensor(v, tokens, gen, device, empty) if _is_tensor_spec(v) else v
+
+    return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
+
+
+def outputs_by_name(record: dict, result) -> dict:
+    """``{out name: tensor}`` of a call's result (a tensor, a tuple, or None)."""
+    returned = result if isinstance(result, tuple) else (result,) if result is not None else ()
+    return dict(zip(record["returns"], returned))
+
+
+def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
+    """The bytes one launch must move: the schema's formula over the call's tensors by name,
+    or every tensor argument read once and every output written once."""
+    names = [p["name"] for p in record["params"]]
+    tensors = {}
+    for name, v in list(zip(names, args)) + list(kwargs.items()):
+        if isinstance(v, torch.Tensor):
+            tensors[name] = v
+    tensors.update(outs)
+    if record["bytes"]:
+        return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))
+    return sum(t.nbytes for t in tensors.values() if t is not None)
+
+
+def token_counts(record: dict, *wanted: int) -> list:
+    """Token counts near ``wanted`` that the op accepts (multiples of its ``token_multiple``)."""
+    m = record.get("token_multiple", 1)
+    return [max(m, -(-n // m) * m) if n > 0 else 0 for n in wanted]
+
+
+def is_prebuilt(record: dict, sample: dict) -> bool:
+    """Whether this build has the kernel config ``sample`` needs.  Asked without a GPU: the
+    stub looks the config up before it looks at devices, so a call on empty CPU tensors
+    stops either at the lookup or at the device check."""
+    args, kwargs = make_args(sample, token_counts(record, 64)[0], device="cpu", empty=True)
+    try:
+        function(record)(*args, **kwargs)
+    except ValueError as e:
+        return "no prebuilt kernel" not in str(e)
+    return True
