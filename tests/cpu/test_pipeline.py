@@ -122,3 +122,10 @@ def test_generated_stub_compiles(lowered, tmp_path):
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
 
+
+
+def test_readme_operator_table_is_current():
+    from aot.docs import README, updated_readme
+
+    text = README.read_text()
+    assert updated_readme(text) == text, "README.md's operator table is out of date: run python -m aot docs"

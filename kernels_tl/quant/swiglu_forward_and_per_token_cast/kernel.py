@@ -15,132 +15,43 @@ and per row and scale group (128 channels, or the whole row)::
     sf  = a / 448,  out = e4m3_satfinite(v * (448 / a))              # two IEEE divides
     round_sf: sf = 2^ceil(log2(a / 448)) (exponent bits), out = e4m3(v * 2^-that)
 
-Optional inputs are scalar flags of one kernel (the ``plain = 0`` configs); the
-``plain = 1`` configs are the same kernel for calls without any of them, the flags
-fixed at compile time: ``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]`` when
-``pos >= 0``, else 0), ``pos_to_expert`` (rows < 0 are neither read nor
-counted; their ``out`` bytes and sf are written as zeros, as the reference
-defines them, so the output never depends on stale memory), the clamp, its
-counters (``clamped_count`` [3] int64: ``l > c``, ``r > c``, ``r < -c`` on the
-unclamped values, one integer atomic per block and counter) and ``round_sf``.
-The element loop exists in six copies (no clamp / clamp / clamp + count, with or
-without the weight), chosen by uniform branches, so the plain path pays
-nothing for the options.  NaN inputs propagate like the reference through the
-clamps (selects, not fminf); a NaN in a group is ignored by the amax (fmaxf),
-where ``torch.amax`` would propagate it.
+Options: ``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]``,
+0 for ``pos < 0``), ``pos_to_expert`` (rows < 0 are neither read nor counted;
+their ``out`` and sf are written as zeros), the clamp and its counters
+(``clamped_count`` [3] int64: ``l > c``, ``r > c``, ``r < -c`` before clamping),
+``round_sf``.  Clamps are selects, so NaN propagates as in the reference; the
+amax (fmaxf) ignores NaN, where ``torch.amax`` would propagate it.
 
 Design
 ------
-Groups of 128 channels (``max_row_hidden == 0``; ``hidden`` is dynamic):
-a block is 4 warps; warp ``w`` owns row ``4 * (65535 * bz + by) + w`` and lane ``l`` owns the 16
-channels ``16 * (32 * bx + l) ...``, so a warp covers 512 channels = four scale
-groups of 8 lanes (lanes past the row, whole groups of the last ``bx``, read the
-row's last chunk again and store nothing, so that no load waits on a branch).  A lane loads its 16 left and 16 right inputs as 16-byte
-vectors (bf16 kept as 32-bit words: widening is one shift or mask), the group
-amax is three ``shfl.xor`` within 8 lanes, and the lane stores its 16 fp8 bytes
-as one 16-byte vector (a warp writes 512 contiguous bytes, reads 2 x 1 KiB).
-No shared memory and no barrier outside the counting path; the grid needs
-no per-thread integer division (row blocks past 65535 go to ``bz``).  Scale factors: row-major fp32
-(lanes 0/8/16/24 write 16 contiguous bytes), TMA-aligned column-major fp32
-(``out_sf[g * sf_stride + row]``), or packed UE8M0 column-major: a warp's four
-groups are exactly one int32 word of a row, OR-gathered with two ``shfl.xor``
-and written by lane 0 (groups past ``hidden / 128`` give zero bytes).
+Groups of 128 (``max_row_hidden == 0``, ``hidden`` dynamic): 4 warps per block,
+one row per warp; lane ``l`` of grid column ``bx`` owns channels
+``16 * (32 * bx + l) ...``, so a warp covers four scale groups of 8 lanes.  A
+lane loads 16 left and 16 right inputs as 16-byte vectors (bf16 kept as 32-bit
+words), the group amax is three ``shfl.xor``, its 16 fp8 bytes one 16-byte
+store; a packed UE8M0 word is a warp's four groups, OR-gathered by shuffles.
+Row blocks past 65535 go to ``bz``; store indices are re-read from the special
+registers so that nothing stays live across the math.
 
-The element math is two elements at a time: both ``1 + expf(-l)`` first, then
-both divides, which overlaps expf's latency and keeps its constants live.
+Nothing stands between the loads and the math (each branch there costs ~0.7 us
+at the prefill shape): lanes past the row re-read its last chunk, and the
+``plain = 1`` configs compile the option flags out (``plain = 0`` dispatches at
+run time to six copies of the element loop).  Two elements at a time (both
+``expf`` first).  The divide, ``fast_quotient``, is nvcc's ``div.rn.f32`` fast
+path without its range check: exact for bf16 gates raised to -88.5 first (one
+``max.NaN.bf16x2`` per two channels); an fp32 lane with some ``|l| >= 64`` takes
+an IEEE-divide copy.  Small grids (``PREFETCH_MAX_LANES``) first prefetch the
+right half into L2 (predicated, no branch).  ``REGISTER_CAP`` gives bf16 on
+sm_90a 64 warps per SM.
 
-The divide (``fast_quotient``) is nvcc's ``div.rn.f32`` fast path -- approximate
-reciprocal, one Newton step, quotient, exact remainder, correction -- without its
-range check (FCHK) and slow-path branch: 6 instructions instead of 10 per element.
-It is exact whenever no intermediate leaves the normal range (see
-``fast_quotient``).  bf16: every finite l > -87.5 is exact (checked for all of them
-on sm_90a); below, d >= 2^126, the approximate reciprocal flushes to zero and the
-quotient comes out -0 -- the contract's value there -- as long as d is finite, so
-``l`` is first raised to -88.5 (``max.NaN.bf16x2``, one instruction per two channels,
-NaN kept; the quotient of -88.5 is -0 too).  No check and no branch stand between the
-loads and the math.  fp32: each lane checks its 16 ``l`` first (fmaxf of |l| < 64)
-and runs the fast-divide copy of the loop or the IEEE-divide copy, which applies
-the l <= -87.5 rule itself (a lane-divergent branch, taken by real activations
-almost never).
+One group per row (``max_row_hidden > 0``, row-major fp32 sf only): one
+256-thread block per row, the row's 16-byte chunks in registers, all loads
+first, then a block max.
 
-One group per row (``max_row_hidden > 0``, ``num_per_channels == hidden``,
-row-major fp32 sf only, as upstream): one 256-thread block per row, 16 bytes of
-each half per thread and step (8 bf16 / 4 fp32 channels), ``max_row_hidden /
-(256 * channels)`` steps kept in registers (4 for bf16, 8 for fp32 at 8192);
-all loads are issued before any math, then a block max (shuffles + one barrier)
-gives the row's scale.  The stub picks ``max_row_hidden = align_up(hidden,
-8192)``; the default table has 8192 (hidden <= 8192).
-
-Cost at 8192 x 2 * 2048 bf16, groups of 128, no options: 64 MiB read + 16 MiB +
-0.5 MiB written = 84.4 MB, ~20.3 us at 4.15 TB/s.  Measured 26.7 us with the IEEE
-divide (~538 SASS instructions per 16-element lane: ~17.6 M warp instructions,
-~17 us of issue on 132 SMs x 4 schedulers at 1.98 GHz, so issue- and
-latency-bound).  Tuning (issue 2):
-
-* the branch-free divide saves FCHK + BRA + BSSY + BSYNC per element (the
-  no-option fast loop is 291 SASS instructions for 16 elements on sm_100a,
-  ~18 per element), the range check costs ~6 per lane: ~60 fewer instructions
-  per lane (~11%), ~15 us of issue;
-* (round 1) bf16 on sm_90a: launch bounds for 6 blocks (40 registers, no spills) instead
-  of 5 (48): 48 warps and up to 96 KB of loads in flight per SM instead of 40 /
-  80 KB, more warps to hide the load latency behind the math.  sm_100a's code
-  spills at 40 registers, so it keeps 5 blocks (the factory reads the arch from
-  ``tvm.target.Target.current()``).
-
-Predicted: ~22-23 us on the H200 (issue ~15 us now overlaps the ~20 us of memory
-time better with 20% more warps).
-
-Round 2 (device time now from 64-launch graphs, repeats within ~0.2 us).  The
-kernel measured 23.1-24.1 us.  A CUDA C model of it (same layout and math, a
-`.device/` probe, not shipped) ran in the same time with the exact ``expf`` and
-divide and 21.8-22.3 us with ``__expf`` / ``__fdividef`` (read then as the cost
-of the exact math; round 4 found the model's IEEE divide, not the exact math,
-made the difference).  Sector-complete loads (each load instruction 512 contiguous
-bytes) and software pipelining across rows were slower (23.8 and 26-29 us).
-What helped is a shorter drain: 4 rows (128 threads) per block instead of 8 and
-a 32-register cap on sm_90a (64 warps per SM), 22.4-22.5 us against 23.2 for the
-8-row kernel in the same run (2 repeats each; 8 rows with 8 blocks per SM: 22.9,
-4 rows with 12 blocks: 22.7-23.0, 2 rows with 24 blocks: 22.7-22.8).  Packed
-UE8M0 spills at 32 registers and keeps 40.
-
-Round 4 (issue 2): the model above used nvcc's IEEE divide.  With this kernel's
-``fast_quotient`` and no range check, straight-line CUDA C runs 21.1-21.7 us; the
-per-lane range check costs 0.7-0.8 us (every load is issued before any math, and the
-math waits for the check), so the guard, not the exact math, is the remaining gap.
-Checking after the fast pass and redoing out-of-range lanes, loads inside each option
-variant, or l / 4 over d / 4 without a check were all slower (spills at 32 registers,
-or two more instructions per element); numbers in BENCHMARKS.md.
-
-Round 5 (issue 2).  A sweep of the group kernel at the prefill shape (one H200,
-``.device/swsweep.sh``, three interleaved repeats) found two structural costs,
-each ~0.7 us: a branch around the loads (the old guard for lanes past the row)
-and a data-dependent branch between the loads and the math (the old bf16 range
-check).  With neither, ptxas issues the right half's loads after the left
-half's SiLU, and the kernel runs 21.1-21.3 us against 22.2-22.4 before (the
-shipped ``plain`` kernel, same runs).  Both are gone (clamped chunk index; the
--88.5 floor above).  The six runtime option copies still cost ~0.7 us when they
-share the kernel (the loads are hoisted ahead of the option dispatch: a MoE-style
-call with weights and ``pos_to_expert`` runs 23.4-23.6 us), hence the ``plain``
-configs.  The one-group-per-row kernel keeps its guarded loads (not tuned).  Trimming ~50 instructions
-per lane elsewhere (the grid walk, the zero-filled registers of skipped rows)
-gained ~0.1 us: the kernel is not issue-bound.  Numbers in BENCHMARKS.md.
-
-Round 6 (issue 2, decode).  At 128 tokens x 2 * 2048 the grid is 128 blocks of 4 warps,
-one warp per scheduler: nothing hides latency, and ptxas (at 32 registers) issues the
-right half's loads only after the left half's SiLU, so the kernel waits for two memory
-round trips in series (2.7 us, CUPTI).  A lane now first prefetches its right half's
-line into L2 (``prefetch.global.L2``, no register), predicated on the grid being small
-(``PREFETCH_MAX_LANES`` lanes, a quarter of the H200's thread slots): 2.4 us at 128
-tokens.  Unpredicated it cost 1.9 us at the prefill shape (23.0 against 21.1), where
-the extra L2 requests compete with a saturated memory system; predicated (``@!P0 CCTL``,
-no branch before the loads) the prefill time is unchanged (21.2-21.3).
-
-Static configurations: ``in_dtype`` (bfloat16, float32) x (``sf_format``,
-``max_row_hidden``) in {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)}
-x ``plain`` (1: no optional input; 0: any): 16 configs (32 cubins) cover
-DESIGN.md's coverage -- every hidden that is a multiple of 128, any number of
-tokens, every combination of the optional inputs, clamp and round_sf (8 configs
-if only bf16 inputs are shipped).
+Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
+{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain``: 16
+configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
+(95% of its copy bandwidth).  Measurements and alternatives: ``notes.md``.
 """
 
 from tilelang import language as T
@@ -154,7 +65,7 @@ LANE_CHANNELS = 16  # channels per lane (group mode): 16-byte fp8 store
 LANES_PER_GROUP = GROUP // LANE_CHANNELS  # 8
 GROUPS_PER_WARP = WARP // LANES_PER_GROUP  # 4 = one packed UE8M0 word
 # One row per warp, 4 rows (128 threads) per block: small blocks keep the drain of the last
-# blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see "Tuning").
+# blocks short (measured 0.4-0.8 us faster than 8 rows at the prefill shape, see notes.md).
 ROWS_PER_BLOCK = 4
 MAX_GRID_Y = 65535  # row blocks per grid column (the rest go to blockIdx.z)
 PASS_CONFIGS = {
@@ -166,7 +77,7 @@ PASS_CONFIGS = {
 }
 # Lanes (16-channel chunks) up to which a lane prefetches its right half into L2 before it
 # loads its left half: a quarter of an H200's thread slots (<= 16 warps per SM), where the
-# two halves' fetches would otherwise be two round trips in series (see "Round 6").
+# two halves' fetches would otherwise be two round trips in series (see notes.md).
 PREFETCH_MAX_LANES = 65536
 # Group mode: registers per thread, capped for occupancy (-> blocks per SM for ptxas), the
 # lowest that needs no spills: bf16 on sm_90a 32 (64 warps per SM), 40 with packed UE8M0
