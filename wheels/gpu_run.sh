@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU recipe, run ON the device machine from the repo root (see README, "Working on a GPU"):
-#   here:   wheels/build.sh --table aot/shapes/<table>.toml      (cp312 wheel into wheels/dist/)
-#   device: run(command="bash wheels/gpu_run.sh", carry=["wheels/dist"])
+# The GPU recipe, executed on the GPU machine from the repo root (see README, "Working on a GPU"):
+#   build machine: wheels/build.sh --table aot/shapes/<table>.toml   (cp312 wheel into wheels/dist/)
+#   GPU machine:   bash wheels/gpu_run.sh, with wheels/dist copied beside the checkout
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
-# JIT disabled, compute-sanitizer (memcheck, racecheck, synccheck) on one call per op and path,
+# JIT disabled, compute-sanitizer (memcheck, racecheck, synccheck) over every op's samples,
 # and the bench; everything lands in $OUT (gpu-tests.log, memcheck.log, racecheck.log,
 # synccheck.log, bench.json, bench.md).
 # TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels

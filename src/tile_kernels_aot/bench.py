@@ -1,7 +1,7 @@
 """The bench: device time, eager time per call and host overhead of every op.
 
-For each sample of each op (its schema's decode, prefill and upstream shapes, carried by the
-manifest):
+For each sample of each op (its schema's decode, prefill and upstream shapes, as the manifest
+records them):
 
 * device time: CUDA-graph replay of ``GRAPH_LAUNCHES`` launches that rotate
   over input sets larger than L2, so the time is DRAM time, not cache time,
@@ -144,7 +144,7 @@ def _rounds_us(loops, n=2500, rounds=10):
     """Host time per call of pipelined loops of ``n`` calls (after 100 warm-up calls each),
     run interleaved: each round runs every loop once, in turn, so that a passing
     disturbance of the host (they last longer than one loop) does not fall on one loop
-    alone.  (The lent H200 hosts are virtual machines whose speed drifts over tens of
+    alone.  (H200 cloud hosts are virtual machines whose speed drifts over tens of
     milliseconds.)  ``loops``: name -> (fn, before), where ``before`` (or None) runs ahead
     of each of the loop's rounds.  Returns name -> the loop's time in each round."""
     for fn, before in loops.values():

@@ -1,6 +1,6 @@
 """Calls of the ops as their schemas' samples describe them (bench, tests, sanitizer script).
 
-A sample is plain data from the op folder's ``schema.py`` (carried by the manifest): positional
+A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
 shape (``"T"`` standing for the token count) and dtype.
 """

@@ -52,7 +52,7 @@ def test_offset_start(dtype, gen):
 def test_back_to_back_reads_previous_output(dtype, gen):
     """Seven transposes queued back to back, each reading the output of the one before: the
     first blocks of a grid start while the previous grid still writes that output, and
-    prefetch it into L2 before they wait for that grid (see the kernel's "Round 6")."""
+    prefetch it into L2 before they wait for that grid."""
     x = _random((8192, 4096), dtype, gen)
     outs = [poisoned((4096, 8192), x.dtype), poisoned((8192, 4096), x.dtype)]
     y = x
