@@ -237,7 +237,7 @@ for record in manifest.ops():
     ref = samples.outputs_by_name(record, samples.reference(record)(*args, **kwargs))
     for name, t in ours.items():
         e = ref[name]
-        assert torch.equal(t.cpu().contiguous().view(torch.uint8), e.contiguous().view(torch.uint8)), (record["name"], name)
+        assert torch.equal(t.cpu().contiguous().view(torch.uint8), e.cpu().contiguous().view(torch.uint8)), (record["name"], name)
     checks += 1
 assert checks > 0
 assert not any(m.split(".")[0] in ("tilelang", "tvm", "tvm_ffi") for m in sys.modules)
