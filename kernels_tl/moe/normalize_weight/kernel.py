@@ -6,10 +6,10 @@
 
 Design
 ------
-One thread per token, ``THREADS`` tokens per block.  A thread reads its row's ``num_topk``
-weights (a warp reads 32 consecutive rows: one contiguous span, served from L1 after the
-first pass), sums them in order, writes the denominator, then reads the row again and
-writes the quotients.  ``num_topk`` is a run-time value: one cubin serves every top-k.
+One thread per token, ``THREADS`` tokens per block.  A thread loads its row's weights
+``CHUNK`` at a time, all in flight together (a warp reads 32 consecutive rows: one
+contiguous span), sums them in order, writes the denominator, then reads the row again
+(from L1) and writes the quotients.  ``num_topk`` is a run-time value: one cubin serves every top-k.
 The op moves ``12 * num_tokens * num_topk`` bytes at most a few MB, so it is bound by
 latency: one wave of small blocks, no shared memory, no barrier.
 """
@@ -20,6 +20,9 @@ from kernels_tl.dependent_launch import wait_for_previous_grid
 
 # 128 tokens per block: 171 blocks for 21.9k tokens, more than one per SM.
 THREADS = 128
+# Weights a thread loads before it adds them: a top-k up to 8 costs one memory round trip
+# (a plain loop over a run-time top-k waits for each load in turn).
+CHUNK = 8
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
@@ -37,12 +40,25 @@ def normalize_weight_kernel():
             wait_for_previous_grid()  # programmatic dependent launch
             token = bid * THREADS + T.get_thread_binding()
             total = T.alloc_var(T.float32)
+            weights = T.alloc_local((CHUNK,), T.float32)
             if token < num_tokens:
                 total = T.float32(1e-20)
-                for k in T.serial(num_topk):
-                    total = total + topk_weights[token, k]
+                for c in T.serial(T.ceildiv(num_topk, CHUNK)):
+                    # CHUNK independent loads in flight, then the in-order sum
+                    for j in T.unroll(CHUNK):
+                        if c * CHUNK + j < num_topk:
+                            weights[j] = topk_weights[token, c * CHUNK + j]
+                    for j in T.unroll(CHUNK):
+                        if c * CHUNK + j < num_topk:
+                            total = total + weights[j]
                 denominator[token] = total
-                for k in T.serial(num_topk):
-                    normalized[token, k] = topk_weights[token, k] / total
+                for c in T.serial(T.ceildiv(num_topk, CHUNK)):
+                    # the row again (L1 hits), every load before the first store
+                    for j in T.unroll(CHUNK):
+                        if c * CHUNK + j < num_topk:
+                            weights[j] = topk_weights[token, c * CHUNK + j]
+                    for j in T.unroll(CHUNK):
+                        if c * CHUNK + j < num_topk:
+                            normalized[token, c * CHUNK + j] = weights[j] / total
 
     return normalize_weight
