@@ -250,6 +250,8 @@ def _op_function(op: Op, ns: str) -> str:
             tensors += [p.name, p.name + "_sf"]
     if not tensors:
         raise ValueError(f"{qual}: an op needs a tensor parameter")
+    # how messages name each tensor view: a pair's scale factors are "<name>'s sf"
+    labels = [n[:-3] + "'s sf" if n.endswith("_sf") and n[:-3] in tensors else n for n in tensors]
     nout = len(op.outs)
     if nout > 8:
         raise ValueError(f"{qual}: at most 8 outputs")
@@ -270,8 +272,7 @@ def _op_function(op: Op, ns: str) -> str:
     L.append("  if (cfg < 0) { not_prebuilt(op, wanted(c).c_str(), kPrebuilt); return nullptr; }\n")
     first = tensors[0]
     L.append(f"  const int device = a.{first}.device;\n")
-    for n in tensors:
-        label = n[:-3] + "'s sf" if n.endswith("_sf") and n[:-3] in tensors else n
+    for n, label in zip(tensors, labels):
         L.append(f"  if (a.{n}.present && !check_same_device(op, {cpp_string(label)}, a.{n}, device)) return nullptr;\n")
     L.append("  const int arch = device_arch(op, device);\n  if (arch < 0) return nullptr;\n")
     L.append("  const Launcher launcher = kLaunch[cfg][arch];\n")
@@ -286,6 +287,10 @@ def _op_function(op: Op, ns: str) -> str:
         L.append(f"  static const char* const out_names[] = {{{', '.join(cpp_string(o.name) for o in op.outs)}}};\n")
         L.append(f"  Output outs[{nout}];\n")
         L.append(f"  if (!make_outputs(op, {nout}, out_names, v + {npos}, specs, device, stream, outs)) return nullptr;\n")
+        L.append(f"  static const char* const input_names[] = {{{', '.join(cpp_string(n) for n in labels)}}};\n")
+        L.append(f"  const TensorArg* const inputs[] = {{{', '.join(f'&a.{n}' for n in tensors)}}};\n")
+        L.append(f"  if (!check_no_overlap(op, {nout}, out_names, v + {npos}, outs, {len(tensors)}, input_names, inputs)) "
+                 "return nullptr;\n")
     L.append("  if (F::needs_launch(p)) {\n    KernelArgs ka{};\n")
     outs = ", ".join(f"outs[{k}].t" for k in range(nout))
     L.append(f"    if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka)) return nullptr;\n")

@@ -481,6 +481,37 @@ bool check_given(const char* op, const char* name, PyObject* given, const OutSpe
 
 }  // namespace
 
+// The bytes [begin, end) a view spans (empty for an empty view).
+static void byte_span(const TensorArg& t, uintptr_t* begin, uintptr_t* end) {
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) {
+      *begin = *end = 0;
+      return;
+    }
+    last += (t.shape[i] - 1) * t.stride[i];
+  }
+  *begin = reinterpret_cast<uintptr_t>(t.data);
+  *end = *begin + static_cast<uintptr_t>((last + 1) * dtype_bytes(t.dtype));
+}
+
+bool check_no_overlap(const char* op, int n, const char* const* names, PyObject* const* given, const Output* outs,
+                      int n_inputs, const char* const* input_names, const TensorArg* const* inputs) {
+  for (int i = 0; i < n; ++i) {
+    if (given[i] == nullptr || given[i] == Py_None) continue;
+    uintptr_t ob, oe;
+    byte_span(outs[i].t, &ob, &oe);
+    for (int j = 0; j < n_inputs && ob < oe; ++j) {
+      if (!inputs[j]->present) continue;
+      uintptr_t ib, ie;
+      byte_span(*inputs[j], &ib, &ie);
+      if (ib < ie && ob < ie && ib < oe)
+        return value_error(op, "%s overlaps the memory of %s: the op does not work in place", names[i], input_names[j]);
+    }
+  }
+  return true;
+}
+
 void release_kept_outputs() {
   SharedBlob* blobs[kKeptBlobs];
   {

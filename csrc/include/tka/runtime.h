@@ -117,6 +117,10 @@ constexpr int kMaxOutputs = 8;
 bool make_outputs(const char* op, int n, const char* const* names, PyObject* const* given, const OutSpec* specs,
                   int device, void* stream, Output* outs);
 void dense_strides(OutSpec* spec);
+// Refuses a caller's out= tensor whose memory overlaps one of the `n_inputs` input tensors
+// (outputs the call allocated cannot).
+bool check_no_overlap(const char* op, int n, const char* const* names, PyObject* const* given, const Output* outs,
+                      int n_inputs, const char* const* input_names, const TensorArg* const* inputs);
 // Hands the output memory kept for reuse (see make_outputs) back to torch's allocator.
 void release_kept_outputs();
 

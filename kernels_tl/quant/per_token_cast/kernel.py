@@ -28,8 +28,9 @@ cross-warp max of one group per row).
   end load nothing and add 0 to the max.
 * One group per row (``group = 0``): ``lanes_per_row`` = next power of two of
   ``hidden / 32`` (hidden <= 8192), a shuffle tree, then an 8-float exchange.
-* bf16 max on packed pairs (``HMNMX2`` on ``|x|``, NaN-dropping like ``fmaxf``),
-  one widening per lane: widening every element spilled.
+* bf16 max on packed pairs (``max.NaN.bf16x2`` on ``|x|``), one widening per lane:
+  widening every element spilled.  Every max keeps NaN (``kernels_tl/nan_max.py``): a
+  group holding a NaN gets NaN factors (UE8M0 byte 0xFF) and NaN codes.
 * The slot's first lane writes the factors through the sf tensor's two strides;
   packed UE8M0 words gather their bytes from neighbouring slots (``shfl_down``).
   Runtime flags (uniform): ``write_out``, ``read_sf``, ``round_sf``, ``packed_sf``.
@@ -44,6 +45,7 @@ x ``group`` (32, 64, 128, 0): 16 configs.  bf16 -> e4m3, 8192 x 7168, groups of
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -175,11 +177,12 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             T.assume(x_stride % piece == 0)
             T.assume(lanes_per_row > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
+            T.import_source(DEVICE_SOURCE)
 
             xv = T.alloc_local((npieces, piece), in_dtype)
             amax = T.alloc_local((rounds,), T.float32)
             if in_dtype == "bfloat16":
-                pmax = T.alloc_local((1,), "bfloat16x2")  # running max of |x| pairs
+                pmax = T.alloc_local((1,), T.uint32)  # running max of |x| pairs (two bf16)
                 pair = T.alloc_local((2,), in_dtype)
             sf_inv = T.alloc_local((rounds,), T.float32)
             sf_bits = T.alloc_local((rounds,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
@@ -210,23 +213,23 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             # ---- group max: in registers, then across the lanes sharing the group
             for j in T.unroll(rounds):
                 if in_dtype == "bfloat16":
-                    # bf16 pairs stay packed: HMNMX2 on |x| (exact, like the fp32 max; both drop
-                    # NaNs), one widening per lane at the end.  Widening every element to fp32
+                    # bf16 pairs stay packed: a NaN-keeping max on |x| (exact, like the fp32 one),
+                    # one widening per lane at the end.  Widening every element to fp32
                     # here let the compiler keep 64 fp32 copies alive for the scaling (spills).
-                    pmax[0] = T.abs2(xv[j * ppt, T.Ramp(0, 1, 2)])
+                    pmax[0] = T.reinterpret(T.abs2(xv[j * ppt, T.Ramp(0, 1, 2)]), T.uint32)
                     for i in T.unroll(1, ppt * piece // 2):
-                        pmax[0] = T.max2(pmax[0], T.abs2(xv[j * ppt + 2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]))
-                    pair[T.Ramp(0, 1, 2)] = pmax[0]
-                    # max(0, .) first: a lane that saw only NaNs yields 0, as the fp32 loop would
-                    amax[j] = T.max(T.max(T.float32(0), T.cast(pair[0], T.float32)), T.cast(pair[1], T.float32))
+                        pmax[0] = bf16x2_max_nan(pmax[0], T.reinterpret(
+                            T.abs2(xv[j * ppt + 2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]), T.uint32))
+                    pair[T.Ramp(0, 1, 2)] = T.reinterpret(pmax[0], "bfloat16x2")
+                    amax[j] = max_nan(T.cast(pair[0], T.float32), T.cast(pair[1], T.float32))
                 else:
                     amax[j] = T.float32(0)
                     for i in T.unroll(ppt * piece):
-                        amax[j] = T.max(amax[j], T.abs(xv[j * ppt + i // piece, i % piece]))
+                        amax[j] = max_nan(amax[j], T.abs(xv[j * ppt + i // piece, i % piece]))
             if per_row:
                 for s in T.unroll(5):
                     if (1 << s) < lanes_per_row:
-                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                        amax[0] = max_nan(amax[0], T.shfl_xor(amax[0], 1 << s))
                 if lanes_per_row > WARP:
                     # rows wider than a warp: exchange the warp maxima (uniform branch)
                     if tid % WARP == 0:
@@ -237,11 +240,11 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                     amax[0] = warp_max[first]
                     for w in T.unroll(1, THREADS // WARP):
                         if w < warps_per_row:
-                            amax[0] = T.max(amax[0], warp_max[first + w])
+                            amax[0] = max_nan(amax[0], warp_max[first + w])
             else:
                 for j in T.unroll(rounds):
                     for s in T.unroll(tpg.bit_length() - 1):
-                        amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+                        amax[j] = max_nan(amax[j], T.shfl_xor(amax[j], 1 << s))
 
             # ---- factors
             for j in T.unroll(rounds):
@@ -252,13 +255,18 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                             sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
                         sf_inv[j] = T.float32(1) / given
                 else:
-                    clamped = T.max(amax[j], T.float32(clamp_min))
+                    clamped = max_nan(amax[j], T.float32(clamp_min))  # a NaN amax stays NaN
                     sf_value = clamped / T.float32(max_value)
                     if round_sf != 0:
                         # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
                         biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                        sf_bits[j] = T.if_then_else(packed_sf != 0, biased, biased << T.uint32(23))
-                        sf_inv[j] = T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32)
+                        # a NaN or infinite amax keeps the unrounded factors (UE8M0 byte 0xFF)
+                        finite = (T.reinterpret(sf_value, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
+                        sf_bits[j] = T.if_then_else(
+                            packed_sf != 0, T.if_then_else(finite, biased, T.uint32(0xFF)),
+                            T.if_then_else(finite, biased << T.uint32(23), T.reinterpret(sf_value, T.uint32)))
+                        sf_inv[j] = T.if_then_else(finite, T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32),
+                                                   T.float32(max_value) / clamped)
                     else:
                         sf_bits[j] = T.reinterpret(sf_value, T.uint32)
                         sf_inv[j] = T.float32(max_value) / clamped

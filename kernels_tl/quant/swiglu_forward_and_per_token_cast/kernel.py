@@ -19,8 +19,8 @@ Options: ``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos
 0 for ``pos < 0``), ``pos_to_expert`` (rows < 0 are neither read nor counted;
 their ``out`` and sf are written as zeros), the clamp and its counters
 (``clamped_count`` [3] int64: ``l > c``, ``r > c``, ``r < -c`` before clamping),
-``round_sf``.  Clamps are selects, so NaN propagates as in the reference; the
-amax (fmaxf) ignores NaN, where ``torch.amax`` would propagate it.
+``round_sf``.  Clamps are selects and the group max is ``max.NaN``, so NaN propagates
+as in the reference: a group holding a NaN gets NaN factors (docs/ops.md, "NaN").
 
 Design
 ------
@@ -57,6 +57,8 @@ configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
+from kernels_tl.nan_max import bf16x2_max_nan, max_nan
 
 WARP = 32
 FP8_MAX = 448.0
@@ -94,13 +96,10 @@ FAST_DIV_LIMIT = 64.0
 SILU_ZERO_BELOW = -87.5
 SILU_FLOOR_BF16X2 = 0xC2B1C2B1  # two bf16 -88.5: the floor bf16 gates are raised to
 
-# Device helpers (one source per kernel): a NaN-keeping bf16x2 max, and volatile reads of
+# Device helpers (besides kernels_tl/nan_max.py's): volatile reads of
 # the thread and block indices, so that indices derived from them at the start of a row
 # are not kept live (in registers) across the math for the stores at its end.
-DEVICE_SOURCE = r"""
-__device__ __forceinline__ unsigned tka_bf16x2_max_nan(unsigned a, unsigned b) {
-  unsigned d; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
-}
+DEVICE_SOURCE = NAN_MAX_SOURCE + r"""
 __device__ __forceinline__ void tka_prefetch_l2_if(const void* p, int cond) {
   asm volatile("{ .reg .pred q; setp.ne.s32 q, %1, 0; @q prefetch.global.L2 [%0]; }" :: "l"(p), "r"(cond));
 }
@@ -247,8 +246,7 @@ def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_
     """
     if packed:
         for p in T.unroll(num_pairs):
-            xl[base // 2 + p] = T.call_extern(T.uint32, "tka_bf16x2_max_nan", xl[base // 2 + p],
-                                              T.uint32(SILU_FLOOR_BF16X2))
+            xl[base // 2 + p] = bf16x2_max_nan(xl[base // 2 + p], T.uint32(SILU_FLOOR_BF16X2))
         in_range = True
     else:
         rng[0] = T.float32(0.0)
@@ -267,17 +265,21 @@ def scale_factor(amax, sf_clamp_min, round_sf):
     """(sf, sf_inv, biased exponent of the rounded sf) from a group's amax, as expressions.
 
     TileKernels' rules, bit-exact: ``a = max(amax, sf_clamp_min)``, ``sf = a / 448``,
-    ``sf_inv = 448 / a``.  Rounded (``round_sf``: a Python bool or a runtime flag),
+    ``sf_inv = 448 / a``, with NaN kept (a NaN amax gives NaN factors).  Rounded
+    (``round_sf``: a Python bool or a runtime flag),
     ``e = (bits(a / 448) + 0x7FFFFF) >> 23`` is the biased exponent of
     2^ceil(log2(a / 448)) (a / 448 is positive and normal for sf_clamp_min >= 2^-117),
-    ``sf = 2^(e - 127)`` and ``sf_inv = 2^(127 - e)``, both exact.
+    ``sf = 2^(e - 127)`` and ``sf_inv = 2^(127 - e)``, both exact; a NaN or infinite
+    ``a / 448`` keeps the unrounded factors and ``e = 0xFF``.
     """
-    a = T.max(amax, sf_clamp_min)
+    a = max_nan(amax, sf_clamp_min)  # a NaN amax stays NaN
     sf = T.ieee_fdiv(a, T.float32(FP8_MAX))
     sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), a)
-    e = (T.reinterpret(sf, T.uint32) + T.uint32(0x7FFFFF)) >> T.uint32(23)
-    sf_round = T.reinterpret(e << T.uint32(23), T.float32)
-    sf_inv_round = T.reinterpret((T.uint32(254) - e) << T.uint32(23), T.float32)
+    # a NaN or infinite amax keeps the unrounded factors (UE8M0 byte 0xFF)
+    finite = (T.reinterpret(sf, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
+    e = T.if_then_else(finite, (T.reinterpret(sf, T.uint32) + T.uint32(0x7FFFFF)) >> T.uint32(23), T.uint32(0xFF))
+    sf_round = T.if_then_else(finite, T.reinterpret(e << T.uint32(23), T.float32), sf)
+    sf_inv_round = T.if_then_else(finite, T.reinterpret((T.uint32(254) - e) << T.uint32(23), T.float32), sf_inv)
     if round_sf is True:
         return sf_round, sf_inv_round, e
     return T.if_then_else(round_sf, sf_round, sf), T.if_then_else(round_sf, sf_inv_round, sf_inv), e
@@ -447,10 +449,10 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
 
                 amax = T.float32(0.0)
                 for i in T.unroll(V):
-                    amax = T.max(amax, T.abs(v[i]))
+                    amax = max_nan(amax, T.abs(v[i]))
                 # the 8 lanes of a group hold one row's 128 channels: xor 1, 2, 4 stays inside
                 for s in T.unroll(3):
-                    amax = T.max(amax, T.shfl_xor(amax, 1 << s))
+                    amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
                 sf_val, sf_inv_val, sf_exp_val = scale_factor(
                     amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
                 sf = sf_val
@@ -562,14 +564,14 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
 
             amax = T.float32(0.0)
             for i in T.unroll(steps * C):
-                amax = T.max(amax, T.abs(v[i]))
+                amax = max_nan(amax, T.abs(v[i]))
             for s in T.unroll(5):
-                amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
+                amax = max_nan(amax, T.shfl_xor(amax, 16 >> s))
             if tid % WARP == 0:
                 amax_smem[tid // WARP] = amax
             T.sync_threads()
             for wi in T.unroll(num_warps):
-                amax = T.max(amax, amax_smem[wi])
+                amax = max_nan(amax, amax_smem[wi])
             sf_val, sf_inv_val, _ = scale_factor(amax, sf_clamp_min, round_sf != 0)
             sf = sf_val
             sf_inv = sf_inv_val

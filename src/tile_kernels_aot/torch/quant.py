@@ -162,8 +162,10 @@ def scale_factors_from_amax(
         ``c = max(amax, clamp_min)``, ``sf = c / MAX``, and
         ``sf_inv = MAX / c`` (both correctly rounded divisions); with
         ``round_sf``, ``e = ((bits(sf) - 1) >> 23) + 1 - 127`` (= ceil(log2 sf)),
-        ``sf = 2**e``, ``sf_inv = 2**-e``.  ``x * sf_inv`` is the value to encode,
-        ``q * sf`` the dequantized one.
+        ``sf = 2**e``, ``sf_inv = 2**-e`` for a finite ``sf``.  A NaN amax (a
+        group holding a NaN) gives ``sf = sf_inv = NaN``, an infinite one
+        ``sf = inf``, ``sf_inv = 0``, with or without ``round_sf``.  ``x * sf_inv``
+        is the value to encode, ``q * sf`` the dequantized one.
     """
     _check_fmt("scale_factors_from_amax", fmt, tuple(_MAX_VALUE))
     if clamp_min is None:
@@ -182,9 +184,14 @@ def scale_factors_from_amax(
     # exact powers of two into the previous binade, everything else stays.
     bits = sf.view(torch.int32)
     exponent = ((bits - 1) >> 23) + 1 - 127
-    sf = ((exponent + 127) << 23).view(torch.float32)
-    sf_inv = ((127 - exponent) << 23).view(torch.float32)
-    return sf, sf_inv
+    # A group whose amax is NaN or infinite keeps its unrounded factors: sf NaN or Inf (UE8M0
+    # byte 0xFF), sf_inv NaN or 0, as without round_sf (the exponent trick holds for finite
+    # factors only).
+    finite = torch.isfinite(sf)
+    rounded = torch.where(finite, exponent + 127, 0) << 23
+    rounded_inv = torch.where(finite, 127 - exponent, 0) << 23
+    return (torch.where(finite, rounded.view(torch.float32), sf),
+            torch.where(finite, rounded_inv.view(torch.float32), max_value / clamped))
 
 
 def _e4m3_encode(v: torch.Tensor) -> torch.Tensor:
