@@ -193,19 +193,12 @@ def _parse_param(i: int, p, qual: str) -> list:
         return L
     given = f"v[{i}] != nullptr"
     optional = "true" if getattr(t, "optional", False) else "false"
-    if t.kind == "int":
-        d = 0 if p.default in (REQUIRED, None) else int(p.default)
-        L.append(f"  a.{n} = {d};\n")
+    if t.kind in ("int", "float"):
+        cast, parse = (int, "int_arg") if t.kind == "int" else (float, "float_arg")
+        L.append(f"  a.{n} = {cast(0 if p.default in (REQUIRED, None) else p.default)!r};\n")
         if t.optional:
             L.append(f"  a.{n}_is_none = {'true' if p.default is None else 'false'};\n")
-        L.append(f"  if ({given} && !int_arg(op, {cpp_string(n)}, v[{i}], {optional}, &a.{n}, "
-                 f"{'&a.' + n + '_is_none' if t.optional else 'nullptr'})){fail}\n")
-    elif t.kind == "float":
-        d = 0.0 if p.default in (REQUIRED, None) else float(p.default)
-        L.append(f"  a.{n} = {d!r};\n")
-        if t.optional:
-            L.append(f"  a.{n}_is_none = {'true' if p.default is None else 'false'};\n")
-        L.append(f"  if ({given} && !float_arg(op, {cpp_string(n)}, v[{i}], {optional}, &a.{n}, "
+        L.append(f"  if ({given} && !{parse}(op, {cpp_string(n)}, v[{i}], {optional}, &a.{n}, "
                  f"{'&a.' + n + '_is_none' if t.optional else 'nullptr'})){fail}\n")
     elif t.kind == "bool":
         L.append(f"  a.{n} = {'true' if p.default is True else 'false'};\n")

@@ -268,7 +268,7 @@ def bench_tilekernels(row, args, inputs, kwargs):
     upstream = samples.resolve(f"tile_kernels.{row['op']}")
     try:
         upstream(*args, **kwargs)  # the first call compiles
-        up_calls = [lambda a=a: upstream(*a, **kwargs) for a in inputs]
+        up_calls = [lambda a=a, k=k: upstream(*a, **k) for a, k in inputs]
         row["tilekernels_eager_us"] = min(_rounds_us({"eager": (_direct_call(upstream, args, kwargs), None)},
                                                      n=500, rounds=3)["eager"])
         row["tilekernels_device_us"] = _graph_time_us(up_calls)

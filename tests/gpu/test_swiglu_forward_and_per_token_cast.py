@@ -75,13 +75,13 @@ def _grouped_bf16_format():
 @pytest.mark.parametrize("plain", [True, False])
 def test_every_bf16_gate_value(sf_clamp_min, plain, gen):
     """Every bf16 bit pattern as the SiLU input: the kernel's divide must round exactly like
-    the reference's on each, and give -0 at and below -87.5 (-inf included).  +inf and NaN
-    (outside the contract) and |l| >= 2^100 (whose product with the right half could
-    overflow to inf) are replaced by 0.  ``plain=False`` takes the kernel with the option
-    flags (every row kept through ``pos_to_expert``)."""
+    the reference's on each, give -0 at and below -87.5 (-inf included), +inf for +inf and
+    NaN for NaN (whose groups get NaN factors).  |l| >= 2^100 (whose product with the right
+    half could overflow to inf) is replaced by 0.  ``plain=False`` takes the kernel with the
+    option flags (every row kept through ``pos_to_expert``)."""
     col, packed = FORMS[_grouped_bf16_format()]
     left = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
-    keep = (torch.isfinite(left) & (left.float().abs() < 2.0**100)) | (left == float("-inf"))
+    keep = (left.float().abs() < 2.0**100) | torch.isinf(left) | torch.isnan(left)
     left = torch.where(keep, left, torch.zeros_like(left)).view(64, 1024)
     right = (torch.randn(64, 1024, generator=gen, device="cuda")).to(torch.bfloat16)
     x = torch.cat([left, right], dim=1).contiguous()

@@ -30,6 +30,13 @@ def normalize_weight_kernel():
     num_tokens = T.dynamic("num_tokens")
     num_topk = T.dynamic("num_topk")
 
+    @T.macro
+    def load_chunk(topk_weights, weights, token, c):
+        """Weights c * CHUNK ... of the token's row, all loads in flight together."""
+        for j in T.unroll(CHUNK):
+            if c * CHUNK + j < num_topk:
+                weights[j] = topk_weights[token, c * CHUNK + j]
+
     @T.prim_func
     def normalize_weight(
         topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
@@ -44,19 +51,13 @@ def normalize_weight_kernel():
             if token < num_tokens:
                 total = T.float32(1e-20)
                 for c in T.serial(T.ceildiv(num_topk, CHUNK)):
-                    # CHUNK independent loads in flight, then the in-order sum
-                    for j in T.unroll(CHUNK):
-                        if c * CHUNK + j < num_topk:
-                            weights[j] = topk_weights[token, c * CHUNK + j]
-                    for j in T.unroll(CHUNK):
+                    load_chunk(topk_weights, weights, token, c)
+                    for j in T.unroll(CHUNK):  # the in-order sum
                         if c * CHUNK + j < num_topk:
                             total = total + weights[j]
                 denominator[token] = total
                 for c in T.serial(T.ceildiv(num_topk, CHUNK)):
-                    # the row again (L1 hits), every load before the first store
-                    for j in T.unroll(CHUNK):
-                        if c * CHUNK + j < num_topk:
-                            weights[j] = topk_weights[token, c * CHUNK + j]
+                    load_chunk(topk_weights, weights, token, c)  # the row again: L1 hits
                     for j in T.unroll(CHUNK):
                         if c * CHUNK + j < num_topk:
                             normalized[token, c * CHUNK + j] = weights[j] / total

@@ -84,18 +84,27 @@ inline int64_t lanes_per_row(const Plan& p, const Constants& k, bool packed) {
   return n;
 }
 
+// The kernel's parameters: `out` (nullptr: not written), and the factors `sf` it writes or,
+// with `read_sf`, reads, at `sf_row_stride` / `sf_col_stride` (elements).
 template <typename A>
-bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, KernelArgs& k) {
+bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, KernelArgs& k, void* out, void* sf,
+               int64_t sf_row_stride, int64_t sf_col_stride, bool read_sf) {
   const int64_t lanes = lanes_per_row(p, c, a.use_packed_ue8m0);
   TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 256, "x", "has too many rows for one launch");
   k.x = a.x.data;
+  k.out = out;
+  k.sf = sf;
   k.num_tokens = p.num_tokens;
   k.row_pieces = p.hidden / p.piece;
   k.x_stride = p.num_tokens > 1 ? a.x.stride[0] : p.hidden;
   k.lanes_per_row = lanes;
   k.num_groups = p.num_groups;
+  k.sf_row_stride = sf_row_stride;
+  k.sf_col_stride = sf_col_stride;
   k.round_sf = a.round_sf ? 1 : 0;
   k.packed_sf = a.use_packed_ue8m0 ? 1 : 0;
+  k.write_out = out != nullptr;
+  k.read_sf = read_sf;
   return true;
 }
 
@@ -108,14 +117,7 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 }
 inline bool needs_launch(const Plan& p) { return launch_needed(p); }
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
-  if (!cast_args(op, a, p, c, k)) return false;
-  k.out = o.out.data;
-  k.sf = o.out_sf.data;
-  k.sf_row_stride = o.out_sf.stride[0];
-  k.sf_col_stride = o.out_sf.stride[1];
-  k.write_out = 1;
-  k.read_sf = 0;
-  return true;
+  return cast_args(op, a, p, c, k, o.out.data, o.out_sf.data, o.out_sf.stride[0], o.out_sf.stride[1], false);
 }
 }  // namespace per_token_cast
 
@@ -125,14 +127,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) { return pla
 inline void outputs(const Args& a, const Plan& p, OutSpecs& s) { sf_output(a, p, s.out_sf); }
 inline bool needs_launch(const Plan& p) { return launch_needed(p); }
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
-  if (!cast_args(op, a, p, c, k)) return false;
-  k.out = nullptr;
-  k.sf = o.out_sf.data;
-  k.sf_row_stride = o.out_sf.stride[0];
-  k.sf_col_stride = o.out_sf.stride[1];
-  k.write_out = 0;
-  k.read_sf = 0;
-  return true;
+  return cast_args(op, a, p, c, k, nullptr, o.out_sf.data, o.out_sf.stride[0], o.out_sf.stride[1], false);
 }
 }  // namespace per_token_cast_with_sf_only
 
@@ -149,14 +144,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
 inline void outputs(const Args&, const Plan& p, OutSpecs& s) { data_output(p, s.out); }
 inline bool needs_launch(const Plan& p) { return launch_needed(p); }
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
-  if (!cast_args(op, a, p, c, k)) return false;
-  k.out = o.out.data;
-  k.sf = a.sf.data;
-  k.sf_row_stride = a.sf.stride[0];
-  k.sf_col_stride = 1;
-  k.write_out = 1;
-  k.read_sf = 1;
-  return true;
+  return cast_args(op, a, p, c, k, o.out.data, a.sf.data, a.sf.stride[0], 1, true);
 }
 }  // namespace per_token_cast_with_precomputed_sf
 

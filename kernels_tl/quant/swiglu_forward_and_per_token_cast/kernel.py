@@ -183,14 +183,17 @@ def fast_quotient(l, d, tmp):
     l = -0 gives -0 like the IEEE divide.  Past |l| = 64 nothing is proven, but every
     finite bf16 l > -87.5 was checked on sm_90a (GPU test ``test_every_bf16_gate_value``);
     for l <= -87.5, d >= 2^126, the reciprocal (``.ftz``) is 0 and the result is
-    l * 0 + (-l) * -0 = -0, the contract's value (+inf gives NaN: outside the contract).
+    l * 0 + (-l) * -0 = -0, the contract's value.  l = +-inf gives q0 = +-inf (the IEEE
+    quotient) and a NaN remainder; the result is then q0.
     """
     tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # MUFU.RCP
     tmp[2] = _fma(-d, tmp[1], T.float32(1.0))  # e = 1 - d * r0
     tmp[1] = _fma(tmp[1], tmp[2], tmp[1])  # r1 = r0 + r0 * e
     tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
     tmp[3] = _fma(d, tmp[2], -l)  # d * q0 - l (exact)
-    tmp[0] = _fma(tmp[3], -tmp[1], tmp[2])
+    # l = +-inf: q0 is the IEEE quotient and the remainder inf - inf is NaN: keep q0
+    not_nan = (T.reinterpret(tmp[3], T.uint32) & T.uint32(0x7FFFFFFF)) <= T.uint32(0x7F800000)
+    tmp[0] = T.if_then_else(not_nan, _fma(tmp[3], -tmp[1], tmp[2]), tmp[2])
 
 
 @T.macro
