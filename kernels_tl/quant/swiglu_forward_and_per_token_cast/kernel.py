@@ -192,8 +192,7 @@ def fast_quotient(l, d, tmp):
     tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
     tmp[3] = _fma(d, tmp[2], -l)  # d * q0 - l (exact)
     # l = +-inf: q0 is the IEEE quotient and the remainder inf - inf is NaN: keep q0
-    not_nan = (T.reinterpret(tmp[3], T.uint32) & T.uint32(0x7FFFFFFF)) <= T.uint32(0x7F800000)
-    tmp[0] = T.if_then_else(not_nan, _fma(tmp[3], -tmp[1], tmp[2]), tmp[2])
+    tmp[0] = T.if_then_else(T.abs(l) != T.float32(float("inf")), _fma(tmp[3], -tmp[1], tmp[2]), tmp[2])
 
 
 @T.macro
