@@ -1,6 +1,7 @@
 """One call of every sample of every op (at an odd token count, so the last block is partial),
-back-to-back calls of each op reading the previous call's output where the shapes allow, and
-outputs in reused memory (freed outputs back smaller calls), for ``compute-sanitizer``
+each repeated back to back into the outputs the first is still writing, outputs in reused
+memory (freed outputs back smaller calls), and the edge-case harness's layouts
+(misaligned, padded and column-major inputs), for ``compute-sanitizer``
 (``--tool memcheck``, ``racecheck``, ``synccheck``).  The samples cover each kernel's paths
 (shared-memory reductions, counters, strided and packed layouts); an op added to a folder
 is covered with no line here."""
@@ -30,5 +31,22 @@ for record in manifest.ops():
             args, kwargs = samples.make_args(first, n, g)
             fn(*args, **kwargs)
             calls += 1
+    if samples.is_prebuilt(record, first):
+        # the edge-case harness's layouts: a base one element in, padded rows, column-major
+        # storage; each call runs or is refused before launch
+        args, kwargs = samples.make_args(first, samples.token_counts(record, 257)[0], g)
+        for index, value in enumerate(args):
+            if not isinstance(value, torch.Tensor) or value.dim() != 2:
+                continue
+            flat = torch.empty(value.numel() + 1, dtype=value.dtype, device="cuda")
+            padded = torch.empty(value.shape[0], value.shape[1] + 8, dtype=value.dtype, device="cuda")
+            column_major = torch.empty(value.shape[::-1], dtype=value.dtype, device="cuda").t()
+            for view in (flat[1:].view(value.shape), padded[:, : value.shape[1]], column_major):
+                view.copy_(value)
+                try:
+                    fn(*args[:index], view, *args[index + 1:], **kwargs)
+                    calls += 1
+                except ValueError:
+                    pass
 torch.cuda.synchronize()
 print(f"memcheck_ops: {calls} calls done")
