@@ -1,4 +1,5 @@
-"""``python -m aot build ...`` (the bundle) | ``python -m aot docs [--check]`` (the README's operator table)."""
+"""``python -m aot build ...`` (the bundle) | ``python -m aot merge BUNDLE... --out DIR`` (one bundle
+from bundles built per arch or shard) | ``python -m aot docs [--check]`` (the README's operator table)."""
 
 import sys
 
@@ -6,6 +7,11 @@ if len(sys.argv) > 1 and sys.argv[1] == "docs":
     from aot.docs import main as docs
 
     sys.exit(docs(sys.argv[2:]))
+
+if len(sys.argv) > 1 and sys.argv[1] == "merge":
+    from aot.merge import main as merge
+
+    sys.exit(merge(sys.argv[2:]))
 
 from aot.build import main  # noqa: E402
 

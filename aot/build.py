@@ -1,6 +1,7 @@
 """The whole bundle build: table -> lower -> compile -> manifest -> stubs.
 
-Output layout (``--out DIR``)::
+``--arch`` and ``--shard i/N`` split a build over machines (``python -m aot merge`` joins
+the bundles).  Output layout (``--out DIR``)::
 
     DIR/manifest.json
     DIR/kernels/<arch>/<kernel>__<config>.cubin
@@ -10,6 +11,7 @@ Output layout (``--out DIR``)::
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -54,7 +56,23 @@ def build_one(kernel: str, config: dict, arch: str, cache_dir: str) -> tuple:
     return lowered.to_json(), str(cubin), "+".join(ran) or "cached"
 
 
-def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dict:
+def shard_table(table: dict, shard: tuple) -> dict:
+    """Shard ``(i, n)`` (1-based) of ``table``: the configs whose index in the order of
+    (kernel name, config key) is i - 1 modulo n, in the table's order."""
+    i, n = shard
+    mine = set(sorted((k, config_key(cfg)) for k, configs in table.items() for cfg in configs)[i - 1::n])
+    return {k: [cfg for cfg in configs if (k, config_key(cfg)) in mine] for k, configs in table.items()}
+
+
+def write_bundle(out: Path, manifest: dict, folders) -> list:
+    """A bundle's manifest.json and stubs (its cubins in place); returns the stubs' ``.cc`` paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    mf.write_manifest(out / "manifest.json", manifest)
+    units = [(f.kernel, f.schema, manifest["kernels"][f.kernel], f.path) for f in folders]
+    return stubgen.write_stubs(out / "stubs", units)
+
+
+def build(out: Path, table_path: Path, archs: list, jobs: int, shard=(1, 1), log=print) -> dict:
     out = Path(out)
     cache_dir = Path(os.environ.get("TKA_CACHE_DIR", Path(__file__).resolve().parent.parent / "build" / "aot-cache"))
     table = load_table(table_path)
@@ -63,8 +81,10 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     unknown = [k for k in table if k not in kernels]
     if unknown:
         raise ValueError(f"{table_path}: unknown kernels {unknown}; known: {kernels}")
+    table = shard_table(table, shard)
     tasks = [(k, cfg, arch) for k in kernels for cfg in table.get(k, []) for arch in archs]
-    log(f"aot build: {len(tasks)} kernels ({len(archs)} archs) from {table_path} with {jobs} jobs")
+    part = f", shard {shard[0]}/{shard[1]}" if shard[1] > 1 else ""
+    log(f"aot build: {len(tasks)} kernels ({len(archs)} archs{part}) from {table_path} with {jobs} jobs")
     results = {}
     started = time.time()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -78,38 +98,31 @@ def build(out: Path, table_path: Path, archs: list, jobs: int, log=print) -> dic
     kernels_dir = out / "kernels"
     if kernels_dir.exists():
         shutil.rmtree(kernels_dir)
-    manifest = {"schema_version": mf.SCHEMA_VERSION, "toolchain": mf.toolchain(), "archs": list(archs),
-                "table": Path(table_path).name, "kernels": {}, "ops": []}
-    units = []
-    for folder in folders:
-        k = folder.kernel
-        entry = {"static": list(folder.schema.static), "configs": []}
-        for cfg in table.get(k, []):
-            builds = {}
-            for arch in archs:
-                lowered, cubin = results[(k, config_key(cfg), arch)]
-                data = cubin.read_bytes()
-                if cubin_arch(data) != arch or has_ptx(data):
-                    raise RuntimeError(f"{cubin}: expected SASS for {arch} without PTX, got {cubin_arch(data)}")
-                rel = f"{arch}/{cubin_name(k, cfg)}"
-                (kernels_dir / arch).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(cubin, kernels_dir / rel)
-                builds[arch] = mf.kernel_build_record(lowered, rel, data)
-            entry["configs"].append({"config": cfg, "key": config_key(cfg), "constants": lw.host_constants(k, cfg),
-                                     "builds": builds})
-        manifest["kernels"][k] = entry
-        manifest["ops"] += [mf.op_record(op, k) for op in folder.schema.ops]
-        units.append((k, folder.schema, entry, folder.path))
-    out.mkdir(parents=True, exist_ok=True)
-    mf.write_manifest(out / "manifest.json", manifest)
-    stubgen.write_stubs(out / "stubs", units)
-    log(f"aot build: wrote {out / 'manifest.json'} and {len(units) + 1} stub files in {time.time() - started:.0f}s")
+    builds = {}
+    for k, cfg, arch in tasks:
+        lowered, cubin = results[(k, config_key(cfg), arch)]
+        data = cubin.read_bytes()
+        if cubin_arch(data) != arch or has_ptx(data):
+            raise RuntimeError(f"{cubin}: expected SASS for {arch} without PTX, got {cubin_arch(data)}")
+        rel = f"{arch}/{cubin_name(k, cfg)}"
+        (kernels_dir / arch).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cubin, kernels_dir / rel)
+        builds[(k, config_key(cfg), arch)] = mf.kernel_build_record(lowered, rel, data)
+    manifest = mf.bundle_manifest(mf.toolchain(), Path(table_path).name, table, folders, archs, builds, shard)
+    stubs = write_bundle(out, manifest, folders)
+    log(f"aot build: wrote {out / 'manifest.json'} and {len(stubs)} stub files in {time.time() - started:.0f}s")
     return manifest
 
 
-def main(argv=None) -> int:
-    import argparse
+def parse_shard(text: str) -> tuple:
+    """``"i/N"`` (1 <= i <= N) -> (i, N)."""
+    i, _, n = text.partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise argparse.ArgumentTypeError(f"expected i/N with 1 <= i <= N, got {text!r}")
+    return int(i), int(n)
 
+
+def main(argv=None) -> int:
     from aot.table import DEFAULT_TABLE
 
     parser = argparse.ArgumentParser(prog="python -m aot build", description=__doc__.splitlines()[0])
@@ -117,13 +130,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     parser.add_argument("--table", type=Path, default=DEFAULT_TABLE, help="shape table (default: the wheel's)")
     parser.add_argument("--arch", default=",".join(ARCH_NAMES), help="comma-separated archs (default: %(default)s)")
+    parser.add_argument("--shard", type=parse_shard, default=(1, 1), metavar="i/N",
+                        help="build only the i-th of N parts of the table's configs (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     archs = [a for a in args.arch.split(",") if a]
     bad = [a for a in archs if a not in ARCH_NAMES]
     if bad:
         parser.error(f"unknown arch {bad}; choose from {ARCH_NAMES}")
-    build(args.out, args.table, archs, max(1, args.jobs), log=lambda s: print(s, flush=True))
+    build(args.out, args.table, archs, max(1, args.jobs), args.shard, log=lambda s: print(s, flush=True))
     return 0
 
 

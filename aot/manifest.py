@@ -1,6 +1,7 @@
 """Stage 3: the manifest -- what a bundle holds, as JSON.
 
-It records the toolchain and, per kernel and static config, each arch's cubin
+It records the toolchain, the archs, the table (and the shard of it a partial
+build holds) and, per kernel and static config, each arch's cubin
 (file, sha256, size), entry symbol, parameters, launch geometry and whether it
 may be launched as a programmatic dependent of the previous grid, plus the
 public ops with their schemas (parameters, outputs, reference, samples, byte formulas).  The runtime package
@@ -13,6 +14,10 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
+
+from aot.lower import host_constants
+from aot.table import config_key
+from aot.targets import ARCH_NAMES
 
 SCHEMA_VERSION = 2
 
@@ -59,6 +64,26 @@ def op_record(op, kernel_name: str) -> dict:
     from kernels_tl.schema import to_json
 
     return {**to_json(op), "kernel": kernel_name, "signature": text_signature(op)}
+
+
+def bundle_manifest(toolchain: dict, table_name: str, table: dict, folders, archs, builds: dict,
+                    shard=(1, 1)) -> dict:
+    """The manifest of a bundle holding ``table``'s configs (``{kernel: [config]}``, in the
+    table's order) for ``archs`` (listed in ``ARCH_NAMES`` order), one per op folder of
+    ``folders``; ``builds[(kernel, config key, arch)]`` is a ``kernel_build_record``.  Shard
+    ``(i, n)`` of a table is recorded when n > 1.  ``build`` and ``merge`` both write this."""
+    archs = [a for a in ARCH_NAMES if a in archs]
+    manifest = {"schema_version": SCHEMA_VERSION, "toolchain": toolchain, "archs": archs, "table": table_name}
+    if shard[1] > 1:
+        manifest["shard"] = list(shard)
+    manifest.update(kernels={}, ops=[])
+    for folder in folders:
+        k = folder.kernel
+        configs = [{"config": cfg, "key": config_key(cfg), "constants": host_constants(k, cfg),
+                    "builds": {arch: builds[(k, config_key(cfg), arch)] for arch in archs}} for cfg in table.get(k, [])]
+        manifest["kernels"][k] = {"static": list(folder.schema.static), "configs": configs}
+        manifest["ops"] += [op_record(op, k) for op in folder.schema.ops]
+    return manifest
 
 
 def write_manifest(path: Path, manifest: dict) -> None:

@@ -147,7 +147,7 @@ def _launcher(fn: str, build: dict, kernel: str) -> str:
     block = ", ".join(str(b) for b in build["block"])
     lines.append(f"  const Geometry g{{{{{grid}}}, {{{block}}}, {build['dyn_smem']}}};\n")
     lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, "
-                 f"{cpp_string(build['entry'])}, {'true' if build['pdl'] else 'false'}}};\n")
+                 f"{cpp_string(build['sha256'])}, {cpp_string(build['entry'])}, {'true' if build['pdl'] else 'false'}}};\n")
     lines.append(f"  return launch(op, &entry, device, stream, g, s, {len(build['params'])});\n}}\n")
     return "".join(lines)
 

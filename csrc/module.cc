@@ -5,9 +5,11 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <string_view>
 
 #include "tka/ops.h"
 #include "tka/runtime.h"
+#include "tka/sha256.h"
 
 namespace py = pybind11;
 
@@ -29,6 +31,10 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("n"), py::arg("dependent") = false,
   "Re-issue this thread's last kernel launch n times with bare driver calls (bench baseline): plain "
   "cuLaunchKernel, or with dependent=True cuLaunchKernelEx as a programmatic dependent, as the op launched it.");
+  m.def("_sha256_hex", [](py::bytes data) {
+    std::string_view bytes = data;
+    return tka::sha256_hex(bytes.data(), bytes.size());
+  }, py::arg("data"), "The runtime's SHA-256 of data as hex (the digest it checks each cubin with; for the tests).");
   m.def("empty_cache", &tka::release_kept_outputs,
         "Hand the memory of freed outputs kept for reuse back to torch's caching allocator.");
   py::list families;

@@ -1,5 +1,6 @@
 #include "tka/runtime.h"
 #include "tka/host.h"
+#include "tka/sha256.h"
 
 #include <dlfcn.h>
 
@@ -644,8 +645,12 @@ bool load_kernel(const char* op, KernelEntry* e) {
   std::string path = g_kernel_dir + "/" + e->cubin;
   std::ifstream file(path, std::ios::binary);
   if (!file) return runtime_error(op, "cannot read %s (is the package installed completely?)", path.c_str());
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (sha256_hex(bytes.data(), bytes.size()) != e->sha256)
+    return runtime_error(op, "%s does not match the manifest (its sha256 differs): the installed package is damaged; "
+                         "reinstall it", path.c_str());
   // Kept for the life of the process, like the library loaded from it.
-  auto* image = new std::vector<char>((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  auto* image = new std::vector<char>(std::move(bytes));
   cu::CUlibrary library = nullptr;
   cu::CUresult r = d->cuLibraryLoadData(&library, image->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
   if (r != cu::CUDA_SUCCESS) return runtime_error(op, "loading %s failed: %s", path.c_str(), cu::describe(r).c_str());

@@ -1,9 +1,11 @@
 """Check a built wheel: ``python wheels/verify.py WHEEL...``.
 
-A wheel must hold the extension for its CPython tag, the manifest, and every cubin the
-manifest names, each matching its sha256, SASS for its arch and free of PTX; the
-extension must link neither libtorch, libcudart nor libcuda (it binds them at run time).
-Exits non-zero with the problems listed.
+A wheel must carry a ``manylinux_X_Y_x86_64`` platform tag (``auditwheel repair`` gives it)
+and hold the extension for its CPython tag, the manifest, and every cubin the manifest names,
+each matching its sha256, SASS for its arch and free of PTX.  The extension must link
+neither libtorch, libcudart nor libcuda (it binds them at run time), nothing but the C and C++
+runtimes, and no symbol version newer than its tag's glibc allows.  Exits non-zero with the
+problems listed.
 """
 
 import hashlib
@@ -20,19 +22,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aot.cubin import cubin_arch, has_ptx  # noqa: E402
 
 FORBIDDEN_LIBS = ("libtorch", "libc10", "libcudart", "libcuda.so")
+# what a manylinux wheel may link without vendoring it
+SYSTEM_LIBS = ("libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstdc++.so.6", "libgcc_s.so.1")
 
 
-def needed_libraries(so_bytes: bytes) -> list:
+def readelf(so_bytes: bytes, *flags) -> str:
     with tempfile.NamedTemporaryFile(suffix=".so") as f:
         f.write(so_bytes)
         f.flush()
-        out = subprocess.run(["readelf", "-d", f.name], capture_output=True, text=True, check=True).stdout
-    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+        return subprocess.run(["readelf", *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def needed_libraries(so_bytes: bytes) -> list:
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", readelf(so_bytes, "-d"))
+
+
+def newest_glibc(so_bytes: bytes) -> tuple:
+    """The newest ``GLIBC_X.Y`` symbol version the library needs, as (X, Y)."""
+    versions = re.findall(r"Name: GLIBC_(\d+)\.(\d+)", readelf(so_bytes, "-V"))
+    return max(((int(a), int(b)) for a, b in versions), default=(0, 0))
 
 
 def verify(wheel: Path) -> list:
     problems = []
     tag = re.search(r"-(cp\d+)-(cp\d+)-", wheel.name)
+    platform = re.search(r"-manylinux_(\d+)_(\d+)_x86_64\.whl$", wheel.name)
+    if platform is None:
+        problems.append("the platform tag is not manylinux_X_Y_x86_64 (run auditwheel repair)")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         ext = [n for n in names if re.fullmatch(r"tile_kernels_aot/_C\..*\.so", n)]
@@ -40,9 +56,13 @@ def verify(wheel: Path) -> list:
             return [f"expected one tile_kernels_aot/_C*.so, found {ext}"]
         if tag and f".cpython-{tag.group(1)[2:]}-" not in ext[0]:
             problems.append(f"{ext[0]} does not match the wheel tag {tag.group(1)}")
-        for lib in needed_libraries(z.read(ext[0])):
-            if lib.startswith(FORBIDDEN_LIBS):
+        so = z.read(ext[0])
+        for lib in needed_libraries(so):
+            if lib.startswith(FORBIDDEN_LIBS) or lib not in SYSTEM_LIBS:
                 problems.append(f"_C links {lib}")
+        glibc = newest_glibc(so)
+        if platform and glibc > (int(platform.group(1)), int(platform.group(2))):
+            problems.append(f"_C needs GLIBC_{glibc[0]}.{glibc[1]}, newer than its tag allows")
         manifest = json.loads(z.read("tile_kernels_aot/manifest.json"))
         count = 0
         for kernel, entry in manifest["kernels"].items():

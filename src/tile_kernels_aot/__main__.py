@@ -1,6 +1,7 @@
-"""``python -m tile_kernels_aot info`` | ``bench [--json FILE]``."""
+"""``python -m tile_kernels_aot info [--verify]`` | ``bench [--json FILE]``."""
 
 import argparse
+import hashlib
 import sys
 
 
@@ -27,16 +28,50 @@ def info() -> int:
     return 0
 
 
+def verify() -> int:
+    """Re-hashes every installed cubin against the manifest: 0 when all match, 1 otherwise."""
+    from tile_kernels_aot import manifest
+
+    kernel_dir = manifest.MANIFEST_PATH.parent / "kernels"
+    kernels = manifest.load()["kernels"].values()
+    builds = [b for kernel in kernels for c in kernel["configs"] for b in c["builds"].values()]
+    problems = []
+    for build in builds:
+        path = kernel_dir / build["cubin"]
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            problems.append(f"{path}: missing")
+            continue
+        except OSError as e:
+            problems.append(f"{path}: cannot be read ({e.strerror})")
+            continue
+        if len(data) != build["size"]:
+            problems.append(f"{path}: wrong size ({len(data)} bytes, the manifest says {build['size']})")
+        elif hashlib.sha256(data).hexdigest() != build["sha256"]:
+            problems.append(f"{path}: sha256 differs from the manifest")
+    print(f"verified {len(builds) - len(problems)} of {len(builds)} cubins in {kernel_dir} against the manifest"
+          f" (sha256 and size): {len(problems) or 'no'} problem{'' if len(problems) == 1 else 's'}")
+    for problem in problems:
+        print(problem)
+    if problems:
+        print("the installed package is damaged: reinstall it")
+    return 1 if problems else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tile_kernels_aot")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="list the ops, configs, archs, sizes and toolchain of this build")
+    info_parser = sub.add_parser("info", help="list the ops, configs, archs, sizes and toolchain of this build")
+    info_parser.add_argument("--verify", action="store_true",
+                             help="instead, check every installed cubin's size and sha256 against the manifest "
+                                  "(exit status 1 on any mismatch)")
     bench = sub.add_parser("bench", help="time every op at a prefill and a decode shape on the current GPU")
     bench.add_argument("--json", help="write the results as JSON to this file")
     bench.add_argument("--ops", help="comma-separated ops to run (default: all)")
     args = parser.parse_args(argv)
     if args.command == "info":
-        return info()
+        return verify() if args.verify else info()
     from tile_kernels_aot import bench as bench_module
 
     return bench_module.run(args.json, args.ops.split(",") if args.ops else None)

@@ -133,7 +133,8 @@ struct Geometry {
 // One prebuilt cubin: loaded on first use (thread-safe), once per process.
 struct KernelEntry {
   const char* arch;
-  const char* cubin;  // path relative to the package's kernels/ folder
+  const char* cubin;   // path relative to the package's kernels/ folder
+  const char* sha256;  // the manifest's digest of the cubin (hex), checked before it is loaded
   const char* entry;
   bool pdl;  // waits for the previous grid itself: launched as its programmatic dependent
   std::atomic<cu::CUkernel> kernel{nullptr};
