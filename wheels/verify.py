@@ -4,8 +4,8 @@ A wheel must carry a ``manylinux_X_Y_x86_64`` platform tag (``auditwheel repair`
 and hold the extension for its CPython tag, the manifest, and every cubin the manifest names,
 each matching its sha256, SASS for its arch and free of PTX.  The extension must link
 neither libtorch, libcudart nor libcuda (it binds them at run time), nothing but the C and C++
-runtimes, and no symbol version newer than its tag's glibc allows.  Exits non-zero with the
-problems listed.
+runtimes, and no symbol version newer than its tag's glibc allows; the wheel stays under 50 MB.
+Exits non-zero with the problems listed.
 """
 
 import hashlib
@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aot.cubin import cubin_arch, has_ptx  # noqa: E402
 
 FORBIDDEN_LIBS = ("libtorch", "libc10", "libcudart", "libcuda.so")
+MAX_WHEEL_BYTES = 50 * 1024 * 1024  # the default table's wheel stays under 50 MB
 # what a manylinux wheel may link without vendoring it
 SYSTEM_LIBS = ("libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstdc++.so.6", "libgcc_s.so.1")
 
@@ -49,6 +50,8 @@ def verify(wheel: Path) -> list:
     platform = re.search(r"-manylinux_(\d+)_(\d+)_x86_64\.whl$", wheel.name)
     if platform is None:
         problems.append("the platform tag is not manylinux_X_Y_x86_64 (run auditwheel repair)")
+    if wheel.stat().st_size > MAX_WHEEL_BYTES:
+        problems.append(f"{wheel.stat().st_size / 2**20:.1f} MB, over the {MAX_WHEEL_BYTES >> 20} MB budget")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         ext = [n for n in names if re.fullmatch(r"tile_kernels_aot/_C\..*\.so", n)]
@@ -80,7 +83,7 @@ def verify(wheel: Path) -> list:
                         problems.append(f"{path}: sha256 differs from the manifest")
                     if cubin_arch(data) != arch or has_ptx(data):
                         problems.append(f"{path}: not PTX-free SASS for {arch}")
-    print(f"{wheel.name}: {ext[0]}, {count} cubins for {', '.join(manifest['archs'])}: "
+    print(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MB, {ext[0]}, {count} cubins for {', '.join(manifest['archs'])}: "
           f"{'OK' if not problems else str(len(problems)) + ' problems'}")
     return problems
 

@@ -129,3 +129,28 @@ def test_readme_operator_table_is_current():
 
     text = README.read_text()
     assert updated_readme(text) == text, "README.md's operator table is out of date: run python -m aot docs"
+
+
+def test_editing_one_kernel_relowers_only_that_kernel(monkeypatch):
+    """A lowering's cache key covers its own kernel.py and the shared kernels_tl/*.py modules,
+    not the other op folders (nor any schema.py or host.h): a warm rebuild after editing one
+    kernel re-lowers that kernel alone."""
+    pytest.importorskip("tilelang")
+    from aot import lower
+    from kernels_tl.folders import op_folders
+
+    for folder in op_folders():
+        read = []
+        original = Path.read_bytes
+
+        def recording(self):
+            read.append(self.resolve())
+            return original(self)
+
+        monkeypatch.setattr(Path, "read_bytes", recording)
+        lower.lowering_key(folder.kernel, {}, "sm_90a")
+        monkeypatch.setattr(Path, "read_bytes", original)
+        in_kernels = {p for p in read if (ROOT / "kernels_tl") in p.parents}
+        own = folder.path / "kernel.py"
+        assert own.resolve() in in_kernels
+        assert {p for p in in_kernels if p != own.resolve()} <= {p.resolve() for p in (ROOT / "kernels_tl").glob("*.py")}
