@@ -19,7 +19,7 @@ from aot.lower import host_constants
 from aot.table import config_key
 from aot.targets import ARCH_NAMES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def git_revision() -> str:

@@ -248,7 +248,7 @@ def _op_function(op: Op, ns: str) -> str:
     nout = len(op.outs)
     if nout > 8:
         raise ValueError(f"{qual}: at most 8 outputs")
-    L = [f"static PyObject* {fid}(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n",
+    L = [f"static inline PyObject* {fid}_body(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n",
          f"  namespace F = {ns}::{op.name};\n",
          f"  static const char* const op = {cpp_string(qual)};\n",
          f"  static const char* const names[] = {{{', '.join(cpp_string(n) for n in names)}}};\n",
@@ -299,6 +299,10 @@ def _op_function(op: Op, ns: str) -> str:
             L.append(f"  PyTuple_SET_ITEM(result, {k}, outs[{index[r]}].release_or_none());\n")
         L.append("  return result;\n")
     L.append("}\n")
+    # a failed body may have met a tensor subclass: then the call goes through torch
+    L.append(f"static PyObject* {fid}(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n"
+             f"  PyObject* result = {fid}_body(args, nargs, kwnames);\n"
+             f"  return result != nullptr ? result : torch_path_or_error({cpp_string(qual)}, args, nargs, kwnames);\n}}\n")
     doc = text_signature(op) + "\n--\n\n" + op.doc
     L.append(f"namespace tka::gen {{\nPyMethodDef {fid} = {{{cpp_string(op.name)}, "
              f"reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(::{fid})), METH_FASTCALL | METH_KEYWORDS,\n"

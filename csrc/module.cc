@@ -35,6 +35,11 @@ PYBIND11_MODULE(_C, m) {
     std::string_view bytes = data;
     return tka::sha256_hex(bytes.data(), bytes.size());
   }, py::arg("data"), "The runtime's SHA-256 of data as hex (the digest it checks each cubin with; for the tests).");
+  m.def("_set_torch_path", [](py::object fn, py::object base, py::object plain) {
+    if (!tka::set_torch_path(fn.ptr(), base.ptr(), plain.ptr())) throw py::error_already_set();
+  }, py::arg("fn"), py::arg("base"), py::arg("plain"),
+  "Hand calls whose tensors are subclasses of base (other than the types in plain) to "
+  "fn(qualname, args, kwargs): the torch custom ops (tile_kernels_aot.custom_ops).");
   m.def("empty_cache", &tka::release_kept_outputs,
         "Hand the memory of freed outputs kept for reuse back to torch's caching allocator.");
   py::list families;

@@ -79,15 +79,34 @@ namespace {
 struct ApiCache {
   PyTypeObject* type;
   const DLPackExchangeAPI* api;
+  bool subclass;  // a tensor subclass that takes the torch path
 };
 ApiCache g_api_cache[4] = {};
+
+// set_torch_path's arguments (strong references, never released)
+PyObject* g_torch_path = nullptr;
+PyTypeObject* g_tensor_base = nullptr;
+PyObject* g_plain_types = nullptr;  // a tuple
+thread_local bool t_subclass_seen = false;
+
+bool takes_torch_path(PyTypeObject* type) {
+  if (g_torch_path == nullptr || !PyType_IsSubtype(type, g_tensor_base)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_plain_types); ++i)
+    if (reinterpret_cast<PyObject*>(type) == PyTuple_GET_ITEM(g_plain_types, i)) return false;
+  return true;
+}
 std::atomic<const DLPackExchangeAPI*> g_api{nullptr};  // the last one seen: used to allocate outputs
 
-// The exchange API of obj's type, or nullptr (no error set) if it has none.
-const DLPackExchangeAPI* exchange_api(PyObject* obj) {
+// The exchange API of obj's type, or nullptr (no error set) if it has none; *subclass: the
+// type takes the torch path.
+const DLPackExchangeAPI* exchange_api(PyObject* obj, bool* subclass) {
   PyTypeObject* type = Py_TYPE(obj);
   for (auto& c : g_api_cache)
-    if (c.type == type) return c.api;
+    if (c.type == type) {
+      *subclass = c.subclass;
+      return c.api;
+    }
+  *subclass = takes_torch_path(type);
   PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
   if (capsule == nullptr) {
     PyErr_Clear();
@@ -104,6 +123,7 @@ const DLPackExchangeAPI* exchange_api(PyObject* obj) {
     if (c.type == nullptr) {
       Py_INCREF(type);
       c.api = api;
+      c.subclass = *subclass;
       c.type = type;
       break;
     }
@@ -136,7 +156,12 @@ bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, 
     }
     return type_error(op, "%s must be a torch.Tensor, got None", name);
   }
-  const DLPackExchangeAPI* api = exchange_api(obj);
+  bool subclass = false;
+  const DLPackExchangeAPI* api = exchange_api(obj, &subclass);
+  if (subclass) {
+    t_subclass_seen = true;
+    return false;
+  }
   if (api == nullptr || api->dltensor_from_py_object_no_sync == nullptr)
     return type_error(op, "%s must be a torch.Tensor, got %s", name, Py_TYPE(obj)->tp_name);
   DLTensor dl;
@@ -147,6 +172,45 @@ bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, 
   if (dl.ndim > kMaxDims) return value_error(op, "%s has %d dims; at most %d are supported", name, dl.ndim, kMaxDims);
   fill(dl, out);
   return true;
+}
+
+bool set_torch_path(PyObject* fn, PyObject* base, PyObject* plain) {
+  if (!PyCallable_Check(fn) || !PyType_Check(base) || !PyTuple_Check(plain))
+    return type_error("set_torch_path", "expects (callable, type, tuple of types)");
+  if (g_torch_path != nullptr) return true;  // once per process
+  Py_INCREF(fn);
+  Py_INCREF(base);
+  Py_INCREF(plain);
+  g_tensor_base = reinterpret_cast<PyTypeObject*>(base);
+  g_plain_types = plain;
+  for (auto& c : g_api_cache)  // types seen before: ask again
+    if (c.type != nullptr) c.subclass = takes_torch_path(c.type);
+  g_torch_path = fn;
+  return true;
+}
+
+PyObject* torch_path_or_error(const char* qualname, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (!t_subclass_seen) return nullptr;
+  t_subclass_seen = false;
+  PyErr_Clear();
+  PyObject* positional = PyTuple_New(nargs);
+  PyObject* keywords = PyDict_New();
+  PyObject* name = PyUnicode_FromString(qualname);
+  PyObject* result = nullptr;
+  if (positional != nullptr && keywords != nullptr && name != nullptr) {
+    bool ok = true;
+    for (Py_ssize_t i = 0; i < nargs; ++i) {
+      Py_INCREF(args[i]);
+      PyTuple_SET_ITEM(positional, i, args[i]);
+    }
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw && ok; ++i) ok = PyDict_SetItem(keywords, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) == 0;
+    if (ok) result = PyObject_CallFunctionObjArgs(g_torch_path, name, positional, keywords, nullptr);
+  }
+  Py_XDECREF(positional);
+  Py_XDECREF(keywords);
+  Py_XDECREF(name);
+  return result;
 }
 
 // ---------------------------------------------------------------- scalar arguments

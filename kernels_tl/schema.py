@@ -101,11 +101,21 @@ class Param:
 
 @dataclass(frozen=True)
 class Out:
-    """An output tensor.  The caller may pass it as keyword-only ``<name>=``; its shape,
-    dtype and strides come from the host side.  ``optional``: the host may leave it out
-    (it is then returned as None)."""
+    """An output tensor.  The caller may pass it as keyword-only ``<name>=``.
+
+    ``dtype``, ``shape`` and ``strides`` declare it as Python expressions over the call's
+    parameters by name (tensors with ``.shape``), the op's ``dims``, and the helpers
+    ``ceil_div``, ``align_up`` and ``sym_max``: ``dtype`` gives a dtype name (or a tensor's ``.dtype``), ``shape`` a
+    list of sizes, ``strides`` a list of strides or None for a contiguous tensor.  The
+    torch.library registration allocates outputs and builds fake tensors from them, with
+    the token dim symbolic; the host side's ``outputs`` computes the same in C++, and the
+    GPU tests check that the two agree for every sample.  ``optional``: the host may leave
+    it out (it is then returned as None)."""
 
     name: str
+    dtype: str
+    shape: str
+    strides: Optional[str] = None
     optional: bool = False
 
 
@@ -168,6 +178,8 @@ class Op:
     ``token_dim``: which dim of the first tensor argument (and of the per-token outputs)
     is the token dim, or None when the op is not per-token (its rows depend on others).
     ``token_multiple``: the ``"T"`` extents the op accepts are multiples of it.
+    ``dims``: ``(name, expression)`` pairs evaluated in order before the outputs'
+    declarations, which may use them (e.g. ``("groups", "ceil_div(H, num_per_channels)")``).
     """
 
     module: str
@@ -181,6 +193,7 @@ class Op:
     bytes: Optional[str] = None
     token_dim: Optional[int] = 0
     token_multiple: int = 1  # the token counts the op accepts are multiples of this
+    dims: Sequence = ()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ and signatures, with every kernel shipped as a prebuilt cubin.  Importing the
 package loads the extension (no GPU, driver or compiler is touched) to learn
 which families this build holds; submodules load on first use, and
 ``tile_kernels_aot.torch`` (the PyTorch references) works without the
-compiled extension.
+compiled extension.  Every op is also a torch custom op,
+``torch.ops.tile_kernels_aot.<name>``, which ``torch.compile`` puts in its graphs.
 """
 
 import importlib
@@ -15,6 +16,11 @@ from tile_kernels_aot import families as _families
 
 # The families this build runs from prebuilt kernels, and the PyTorch references.
 __all__ = sorted(_families.built() + ["torch"])
+if _families.built():
+    # every op in torch.ops.tile_kernels_aot, and traced by torch.compile (custom_ops.py)
+    from tile_kernels_aot import custom_ops as _custom_ops
+
+    _custom_ops.register()
 # Importable too: ``modeling`` (autograd functions; those of families without kernels
 # yet run on the references).
 _SUBMODULES = set(__all__) | {"modeling"}

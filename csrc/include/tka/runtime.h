@@ -67,7 +67,18 @@ bool runtime_error(const char* op, const char* fmt, ...);
 bool parse_args(const char* op, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                 const char* const* names, PyObject** interned, int n, int positional, int required,
                 PyObject** values);
+// A tensor argument.  A tensor subclass (other than the plain types given to set_torch_path)
+// fails with no Python error set and marks the call for the torch path (below).
 bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, TensorArg* out);
+
+// ---- the torch path: calls with tensor subclasses (fake and functional tensors under
+// torch.export and other tracers, users' subclasses) go through the torch custom ops.
+// set_torch_path(fn, base, plain): fn(qualname, args, kwargs) runs a call through them;
+// tensors of a subclass of `base` other than the types in the tuple `plain` take that path.
+bool set_torch_path(PyObject* fn, PyObject* base, PyObject* plain);
+// After a stub body failed: the torch path's result when a subclass marked the call (the
+// mark is cleared), else nullptr with the body's error left in place.
+PyObject* torch_path_or_error(const char* qualname, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
 bool int_arg(const char* op, const char* name, PyObject* obj, bool optional, int64_t* out, bool* is_none);
 bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, double* out, bool* is_none);
 bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out);

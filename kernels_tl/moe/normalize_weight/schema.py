@@ -9,7 +9,8 @@ SCHEMA = Schema(
             module="moe",
             name="normalize_weight",
             params=[Param("topk_weights", Tensor(["float32"], 2))],
-            outs=[Out("denominator"), Out("normalized")],
+            outs=[Out("denominator", dtype="'float32'", shape="[topk_weights.shape[0]]"),
+                  Out("normalized", dtype="'float32'", shape="list(topk_weights.shape)")],
             returns=["denominator", "normalized"],
             reference="tile_kernels_aot.torch.moe.normalize_weight",
             samples=[

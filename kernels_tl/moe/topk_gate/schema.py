@@ -9,7 +9,7 @@ SCHEMA = Schema(
             module="moe",
             name="topk_gate",
             params=[Param("scores", Tensor(["float32"], 2)), Param("num_topk", Int())],
-            outs=[Out("out")],
+            outs=[Out("out", dtype="'int64'", shape="[scores.shape[0], num_topk]")],
             returns=["out"],
             reference="tile_kernels_aot.torch.moe.topk_gate",
             samples=[

@@ -3,6 +3,15 @@ the token count, hidden size, row stride, scale-factor layout and round_sf are r
 
 from kernels_tl.schema import Bool, Int, IntTuple, Op, Out, Param, QuantizedTensor, Randn, Sample, Schema, Str, Tensor
 
+# the outputs' layout (host.h: data_output, sf_output): e4m3 bytes, or e2m1 packed two per
+# int8; fp32 factors [T, groups], or packed UE8M0 words int32 [T, ceil(groups / 4)]; with
+# use_tma_aligned_col_major_sf column-major, the token dim padded to 4 (stride 1 when empty)
+DIMS = [("T", "x.shape[0]"), ("H", "x.shape[1]"), ("groups", "ceil_div(H, num_per_channels)"),
+        ("sf_cols", "ceil_div(groups, 4) if use_packed_ue8m0 else groups")]
+OUT = Out("out", dtype="'float8_e4m3fn' if fmt == 'e4m3' else 'int8'", shape="[T, H if fmt == 'e4m3' else H // 2]")
+OUT_SF = Out("out_sf", dtype="'int32' if use_packed_ue8m0 else 'float32'", shape="[T, sf_cols]",
+             strides="[1, sym_max(align_up(T, 4), 1)] if use_tma_aligned_col_major_sf else None")
+
 
 def _params(with_sf: bool) -> list:
     params = [
@@ -42,10 +51,11 @@ SCHEMA = Schema(
             module="quant",
             name="per_token_cast",
             params=_params(with_sf=False),
-            outs=[Out("out"), Out("out_sf")],
+            outs=[OUT, OUT_SF],
             returns=["out", "out_sf"],
             reference="tile_kernels_aot.torch.quant.per_token_cast",
             samples=_samples(Sample("one group per row", 300, [Randn(["T", 7168], "bfloat16"), "e4m3", 7168])),
+            dims=DIMS,
             doc="Quantize x [T, H] (bf16/fp32) to e4m3 or packed e2m1 with one scale factor per group of "
                 "num_per_channels channels of a row; returns (out, out_sf).",
         ),
@@ -53,17 +63,18 @@ SCHEMA = Schema(
             module="quant",
             name="per_token_cast_with_sf_only",
             params=_params(with_sf=False),
-            outs=[Out("out_sf")],
+            outs=[OUT_SF],
             returns=["out_sf"],
             reference="tile_kernels_aot.torch.quant.per_token_cast_with_sf_only",
             samples=_samples(),
+            dims=DIMS,
             doc="The out_sf of per_token_cast alone (x is read, nothing else is written).",
         ),
         Op(
             module="quant",
             name="per_token_cast_with_precomputed_sf",
             params=_params(with_sf=True),
-            outs=[Out("out")],
+            outs=[OUT],
             returns=["out"],
             reference="tile_kernels_aot.torch.quant.per_token_cast_with_precomputed_sf",
             samples=[
@@ -72,6 +83,7 @@ SCHEMA = Schema(
                 Sample("fp32 to e2m1, group 32", 1000,
                        [Randn(["T", 2048], "float32"), "e2m1", 32, Randn(["T", 64], "float32")]),
             ],
+            dims=DIMS,
             doc="Quantize x with given row-major float32 factors sf [T, groups]: out = encode(x * (1 / sf)).",
         ),
     ],

@@ -35,7 +35,13 @@ SCHEMA = Schema(
                 Param("clamped_count", Tensor(["int64"], 1, optional=True, mutable=True), None),
                 Param("sf_clamp_min", Float(optional=True), None),
             ],
-            outs=[Out("out"), Out("out_sf")],
+            # host.h outputs(): e4m3 [T, hidden]; fp32 or packed UE8M0 (int32) factors, row-major
+            # or column-major with the token dim padded to 4
+            dims=[("T", "x.shape[0]"), ("hidden", "x.shape[1] // 2"),
+                  ("sf_cols", "ceil_div(hidden // num_per_channels, 4) if use_packed_ue8m0 else hidden // num_per_channels")],
+            outs=[Out("out", dtype="'float8_e4m3fn'", shape="[T, hidden]"),
+                  Out("out_sf", dtype="'int32' if use_packed_ue8m0 else 'float32'", shape="[T, sf_cols]",
+                      strides="[1, align_up(T, 4)] if use_tma_aligned_col_major_sf else None")],
             returns=["out", "out_sf"],
             reference="tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast",
             samples=[

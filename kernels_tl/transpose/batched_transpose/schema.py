@@ -12,7 +12,7 @@ SCHEMA = Schema(
             module="transpose",
             name="batched_transpose",
             params=[Param("x", Tensor(DTYPES, 3, contiguous=False))],
-            outs=[Out("out")],
+            outs=[Out("out", dtype="x.dtype", shape="[x.shape[0], x.shape[2], x.shape[1]]")],
             returns=["out"],
             reference="tile_kernels_aot.torch.transpose.batched_transpose",
             samples=[
@@ -30,7 +30,7 @@ SCHEMA = Schema(
             module="transpose",
             name="transpose",
             params=[Param("x", Tensor(DTYPES, 2, contiguous=False))],
-            outs=[Out("out")],
+            outs=[Out("out", dtype="x.dtype", shape="[x.shape[1], x.shape[0]]")],
             returns=["out"],
             reference="tile_kernels_aot.torch.transpose.transpose",
             samples=[

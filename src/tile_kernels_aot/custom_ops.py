@@ -1,0 +1,351 @@
+"""Every public op as a torch custom op, ``torch.ops.tile_kernels_aot.<name>``, generated from
+the op records of the manifest (the op folders' schemas), so an op added to a folder is
+registered with no line here.
+
+Per public function ``<module>.<name>`` two ops are defined:
+
+* ``<name>``: functional; allocates its outputs (schema: the declared parameters, with
+  ``Tensor(a!)`` for tensors the op updates in place; a ``(data, sf)`` parameter ``x`` is
+  split into ``Tensor x, Tensor? x_sf``);
+* ``<name>_out``: the ``out=`` form; every output is a ``Tensor(a!)`` argument and it
+  returns nothing.
+
+Each has a CUDA kernel (the public C function: the same launch path as eager calls) and a
+Meta kernel that builds the outputs from the schema's declarations (``Out.dtype``,
+``Out.shape``, ``Out.strides``, ``Op.dims``), so fake tensors get the shapes, dtypes and
+strides the kernels produce, with the token dim symbolic.
+
+The public name stays the C function, so eager calls cost what they cost without torch in
+the way.  Two bridges lead from it to the custom ops:
+
+* under ``torch.compile``, a dynamo rule (``torch.compiler.substitute_in_graph``) traces the
+  call as :func:`torch_call` of the op, which puts the custom op in the graph.  The rule is
+  installed when ``torch._dynamo`` is imported (importing it costs seconds, which an eager
+  server should not pay);
+* a call whose tensors are tensor subclasses (fake or functional tensors while
+  ``torch.export`` or another tracer runs, or a user's subclass) is handed by the C
+  function to :func:`torch_call` too.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+import torch
+
+from tile_kernels_aot import manifest
+
+NAMESPACE = "tile_kernels_aot"
+
+_LIBRARY = None  # the torch.library.Library holding the definitions
+_CALLS = {}  # '<module>.<name>' -> its torch_call function
+
+
+# ---- expressions of the schema's output declarations ------------------------------------
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def align_up(a, b):
+    return ceil_div(a, b) * b
+
+
+_HELPERS = {"__builtins__": {"list": list, "len": len, "int": int}, "ceil_div": ceil_div,
+            "align_up": align_up, "sym_max": torch.sym_max}
+
+
+class OutputDeclarations:
+    """The compiled ``dims`` and ``outs`` declarations of one op record."""
+
+    def __init__(self, record: dict):
+        qual = f"{record['module']}.{record['name']}"
+        self.dims = [(name, compile(expr, f"<{qual} dim {name}>", "eval")) for name, expr in record["dims"]]
+        self.outs = [(o["name"], compile(o["dtype"], f"<{qual} {o['name']}.dtype>", "eval"),
+                      compile(o["shape"], f"<{qual} {o['name']}.shape>", "eval"),
+                      compile(o["strides"] or "None", f"<{qual} {o['name']}.strides>", "eval"))
+                     for o in record["outs"]]
+
+    def evaluate(self, values: dict) -> list:
+        """``[(name, dtype, shape, strides or None)]`` of the outputs for the parameters
+        ``values`` (tensors may be fake, with symbolic sizes)."""
+        scope = dict(values)
+        for name, code in self.dims:
+            scope[name] = eval(code, _HELPERS, scope)
+        result = []
+        for name, dtype, shape, strides in self.outs:
+            dt = eval(dtype, _HELPERS, scope)
+            result.append((name, dt if isinstance(dt, torch.dtype) else getattr(torch, dt),
+                           list(eval(shape, _HELPERS, scope)), eval(strides, _HELPERS, scope)))
+        return result
+
+    def allocate(self, values: dict, device) -> list:
+        """Empty output tensors as declared, on ``device``."""
+        return [torch.empty(shape, dtype=dtype, device=device) if strides is None
+                else torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                for _, dtype, shape, strides in self.evaluate(values)]
+
+
+# ---- schemas --------------------------------------------------------------------------------
+
+def _default_text(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(int(v)) for v in value) + "]"
+    return repr(value)
+
+
+def torch_params(record: dict) -> list:
+    """``[(name, type text, default text or None)]``: the custom op's parameters, in order."""
+    result, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+    for p in record["params"]:
+        t, kind = p["type"], p["type"]["kind"]
+        default = None if p["default"] == "<required>" else _default_text(p["default"])
+        if kind == "tensor":
+            text = "Tensor" + (f"({next(alias)}!)" if t["mutable"] else "") + ("?" if t["optional"] else "")
+            result.append((p["name"], text, default))
+        elif kind == "quantized":
+            result += [(p["name"], "Tensor", None), (p["name"] + "_sf", "Tensor?", None)]
+        elif kind in ("int", "float"):
+            result.append((p["name"], kind + ("?" if t["optional"] else ""), default))
+        elif kind == "bool":
+            result.append((p["name"], "bool", default))
+        elif kind == "str":
+            result.append((p["name"], "str", default))
+        elif kind == "int_tuple":
+            result.append((p["name"], f"int[{t['length']}]" + ("?" if t["optional"] else ""), default))
+        else:
+            raise ValueError(f"{record['module']}.{record['name']}: no torch type for parameter kind {kind!r}")
+    return result
+
+
+def _decl(params: list) -> str:
+    return ", ".join(f"{text} {name}" + (f"={default}" if default is not None else "")
+                     for name, text, default in params)
+
+
+def schemas(record: dict) -> tuple:
+    """The functional op's schema and the out form's, as ``torch.library`` defines them."""
+    params = torch_params(record)
+    for o in record["outs"]:
+        if o["optional"]:
+            raise ValueError(f"{record['module']}.{record['name']}: optional outputs have no torch schema yet")
+    n = len(record["returns"])
+    returns = "()" if n == 0 else "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+    functional = f"{record['name']}({_decl(params)}) -> {returns}"
+    taken = sum(1 for _, text, _ in params if "!" in text)
+    letters = "abcdefghijklmnopqrstuvwxyz"[taken:]
+    outs = ", ".join(f"Tensor({letters[i]}!) {o['name']}" for i, o in enumerate(record["outs"]))
+    out_form = f"{record['name']}_out({_decl(params)}, *, {outs}) -> ()"
+    return functional, out_form
+
+
+# ---- the kernels behind each op ------------------------------------------------------------
+
+def _public_call(record: dict, values: list) -> tuple:
+    """The C function's ``(args, kwargs)`` for the custom op's parameter values."""
+    args = []
+    it = iter(values)
+    for p in record["params"]:
+        v = next(it)
+        kind = p["type"]["kind"]
+        if kind == "quantized":
+            sf = next(it)
+            v = v if sf is None else (v, sf)
+        elif kind == "int_tuple" and v is not None:
+            v = tuple(v)
+        args.append(v)
+    return args
+
+
+def _values_by_name(record: dict, values: list) -> dict:
+    return {name: v for (name, _, _), v in zip(torch_params(record), values)}
+
+
+def _register(lib, record: dict, public) -> None:
+    functional, out_form = schemas(record)
+    name = record["name"]
+    declarations = OutputDeclarations(record)
+    out_names = [o["name"] for o in record["outs"]]
+    index = {n: k for k, n in enumerate(out_names)}
+    returns = [index[r] for r in record["returns"]]
+    first_tensor = next(n for n, text, _ in torch_params(record) if text.startswith("Tensor"))
+    lib.define(functional)
+    lib.define(out_form)
+
+    def pick(outs):
+        if not returns:
+            return None
+        return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+
+    def cuda(*values):
+        by_name = _values_by_name(record, values)
+        outs = declarations.allocate(by_name, by_name[first_tensor].device)
+        public(*_public_call(record, values), **dict(zip(out_names, outs)))
+        return pick(outs)
+
+    def meta(*values):
+        by_name = _values_by_name(record, values)
+        return pick(declarations.allocate(by_name, "meta"))
+
+    def cuda_out(*values, **outs):
+        public(*_public_call(record, values), **outs)
+
+    def meta_out(*values, **outs):
+        return None
+
+    lib.impl(name, cuda, "CUDA")
+    lib.impl(name, meta, "Meta")
+    lib.impl(name + "_out", cuda_out, "CUDA")
+    lib.impl(name + "_out", meta_out, "Meta")
+
+
+def _torch_call_function(record: dict, functional, out_form):
+    """The public function's semantics over the custom ops (a plain Python function that
+    dynamo traces): arguments bound as the C function binds them, then the functional op, or
+    with every ``out=`` given the out form, or with some given the functional op and a copy."""
+    params = record["params"]
+    names = [p["name"] for p in params]
+    defaults = {p["name"]: p["default"] for p in params if p["default"] != "<required>"}
+    out_names = [o["name"] for o in record["outs"]]
+    index = {n: k for k, n in enumerate(out_names)}
+    returns = [index[r] for r in record["returns"]]
+    enums = {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]}
+    quantized = {p["name"] for p in params if p["type"]["kind"] == "quantized"}
+    qual = f"{record['module']}.{record['name']}"
+
+    def torch_call(*args, **kwargs):
+        if len(args) > len(names):
+            raise TypeError(f"{qual}: takes at most {len(names)} positional arguments ({len(args)} given)")
+        bound = dict(zip(names, args))
+        given_outs = [kwargs.pop(n, None) for n in out_names]
+        for k, v in kwargs.items():
+            if k not in names or k in bound:
+                raise TypeError(f"{qual}: unexpected or repeated argument {k!r}")
+            bound[k] = v
+        values = []
+        for n in names:
+            if n not in bound and n not in defaults:
+                raise TypeError(f"{qual}: missing argument {n!r}")
+            v = bound.get(n, defaults.get(n))
+            if n in quantized:
+                values += list(v) if isinstance(v, tuple) else [v, None]
+                continue
+            if n in enums and not isinstance(v, str):
+                v = enums[n][int(v)]
+            values.append(v)
+        if all(o is None for o in given_outs):
+            return functional(*values)
+        if all(o is not None for o in given_outs):
+            out_form(*values, **dict(zip(out_names, given_outs)))
+            outs = given_outs
+        else:
+            made = functional(*values)
+            made = [made] if len(out_names) == 1 else list(made)
+            outs = []
+            for given, m in zip(given_outs, made):
+                if given is not None:
+                    given.copy_(m)
+                outs.append(given if given is not None else m)
+        if not returns:
+            return None
+        return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+
+    torch_call.__name__ = record["name"]
+    torch_call.__qualname__ = record["name"]
+    torch_call.__doc__ = f"{qual} through torch.ops.{NAMESPACE}.{record['name']} (what torch.compile traces)."
+    return torch_call
+
+
+def torch_call(qualname: str):
+    """The function that runs ``'<module>.<name>'`` through its custom ops."""
+    register()
+    return _CALLS[qualname]
+
+
+def _public(record: dict):
+    from tile_kernels_aot import _C
+
+    return getattr(getattr(_C, record["module"]), record["name"])
+
+
+def register() -> None:
+    """Define every op of this build in ``torch.ops.tile_kernels_aot`` (once), let the C
+    functions hand tensor subclasses to them, and arrange the dynamo rules."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return
+    from tile_kernels_aot import _C
+
+    records = manifest.ops()
+    names = [r["name"] for r in records]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"{NAMESPACE}: two public ops share a name: {sorted(names)}")
+    lib = torch.library.Library(NAMESPACE, "DEF")
+    ops = torch.ops.tile_kernels_aot
+    for record in records:
+        _register(lib, record, _public(record))
+        qual = f"{record['module']}.{record['name']}"
+        _CALLS[qual] = _torch_call_function(record, getattr(ops, record["name"]).default,
+                                            getattr(ops, record["name"] + "_out").default)
+    _LIBRARY = lib
+    _C._set_torch_path(_torch_path, torch.Tensor, (torch.Tensor, torch.nn.Parameter))
+    _when_dynamo_imported(_install_dynamo_rules)
+
+
+def _torch_path(qualname: str, args: tuple, kwargs: dict):
+    """Called by a C function given a tensor subclass: the same call through the custom ops."""
+    return _CALLS[qualname](*args, **kwargs)
+
+
+def _install_dynamo_rules() -> None:
+    for record in manifest.ops():
+        qual = f"{record['module']}.{record['name']}"
+        torch.compiler.substitute_in_graph(_public(record), skip_signature_check=True)(_CALLS[qual])
+
+
+class _DynamoImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after ``torch._dynamo`` has been imported."""
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_callback(module):
+            exec_module(module)
+            _run_hook(callback)
+
+        spec.loader.exec_module = exec_then_callback
+        return spec
+
+
+def _run_hook(callback) -> None:
+    try:
+        callback()
+    except Exception as e:  # a failed rule costs graph breaks, never the import
+        warnings.warn(f"{NAMESPACE}: the torch.compile rules were not installed ({type(e).__name__}: {e}); "
+                      "calls under torch.compile will break the graph", RuntimeWarning, stacklevel=2)
+
+
+def _when_dynamo_imported(callback) -> None:
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and hasattr(dynamo, "substitute_in_graph"):
+        _run_hook(callback)
+    else:
+        sys.meta_path.insert(0, _DynamoImportHook(callback))
