@@ -69,9 +69,23 @@ def main(argv=None) -> int:
     bench = sub.add_parser("bench", help="time every op at a prefill and a decode shape on the current GPU")
     bench.add_argument("--json", help="write the results as JSON to this file")
     bench.add_argument("--ops", help="comma-separated ops to run (default: all)")
+    bench.add_argument("--block", action="store_true",
+                       help="instead, time the MoE block of tile_kernels_aot.serving_block per call: eager, "
+                            "torch.compile (default and reduce-overhead), the references compiled, TileKernels")
     args = parser.parse_args(argv)
     if args.command == "info":
         return verify() if args.verify else info()
+    if args.block:
+        import json
+
+        from tile_kernels_aot import serving_block
+
+        rows = serving_block.bench()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(serving_block.format_rows(rows))
+        return 0
     from tile_kernels_aot import bench as bench_module
 
     return bench_module.run(args.json, args.ops.split(",") if args.ops else None)

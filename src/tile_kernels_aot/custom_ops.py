@@ -8,7 +8,7 @@ Per public function ``<module>.<name>`` two ops are defined:
   ``Tensor(a!)`` for tensors the op updates in place; a ``(data, sf)`` parameter ``x`` is
   split into ``Tensor x, Tensor? x_sf``);
 * ``<name>_out``: the ``out=`` form; every output is a ``Tensor(a!)`` argument and it
-  returns nothing.
+  returns nothing (an op without outputs, updating a tensor in place, has none).
 
 Each has a CUDA kernel (the public C function: the same launch path as eager calls) and a
 Meta kernel that builds the outputs from the schema's declarations (``Out.dtype``,
@@ -42,6 +42,7 @@ NAMESPACE = "tile_kernels_aot"
 
 _LIBRARY = None  # the torch.library.Library holding the definitions
 _CALLS = {}  # '<module>.<name>' -> its torch_call function
+_BINDINGS = {}  # '<module>.<name>' -> its binding()
 
 
 # ---- expressions of the schema's output declarations ------------------------------------
@@ -59,9 +60,15 @@ _HELPERS = {"__builtins__": {"list": list, "len": len, "int": int}, "ceil_div": 
 
 
 class OutputDeclarations:
-    """The compiled ``dims`` and ``outs`` declarations of one op record."""
+    """The ``dims`` and ``outs`` declarations of one op record, compiled on first use (the
+    package's import registers every op and should not pay for it)."""
 
     def __init__(self, record: dict):
+        self.record = record
+        self.dims = self.outs = None
+
+    def _compile(self) -> None:
+        record = self.record
         qual = f"{record['module']}.{record['name']}"
         self.dims = [(name, compile(expr, f"<{qual} dim {name}>", "eval")) for name, expr in record["dims"]]
         self.outs = [(o["name"], compile(o["dtype"], f"<{qual} {o['name']}.dtype>", "eval"),
@@ -72,6 +79,8 @@ class OutputDeclarations:
     def evaluate(self, values: dict) -> list:
         """``[(name, dtype, shape, strides or None)]`` of the outputs for the parameters
         ``values`` (tensors may be fake, with symbolic sizes)."""
+        if self.outs is None:
+            self._compile()
         scope = dict(values)
         for name, code in self.dims:
             scope[name] = eval(code, _HELPERS, scope)
@@ -133,7 +142,8 @@ def _decl(params: list) -> str:
 
 
 def schemas(record: dict) -> tuple:
-    """The functional op's schema and the out form's, as ``torch.library`` defines them."""
+    """The functional op's schema and the out form's (None for an op without outputs), as
+    ``torch.library`` defines them."""
     params = torch_params(record)
     for o in record["outs"]:
         if o["optional"]:
@@ -143,6 +153,8 @@ def schemas(record: dict) -> tuple:
     functional = f"{record['name']}({_decl(params)}) -> {returns}"
     taken = sum(1 for _, text, _ in params if "!" in text)
     letters = "abcdefghijklmnopqrstuvwxyz"[taken:]
+    if not record["outs"]:  # an in-place op: nothing to pass as out=, no out form
+        return functional, None
     outs = ", ".join(f"Tensor({letters[i]}!) {o['name']}" for i, o in enumerate(record["outs"]))
     out_form = f"{record['name']}_out({_decl(params)}, *, {outs}) -> ()"
     return functional, out_form
@@ -166,8 +178,19 @@ def _public_call(record: dict, values: list) -> tuple:
     return args
 
 
-def _values_by_name(record: dict, values: list) -> dict:
-    return {name: v for (name, _, _), v in zip(torch_params(record), values)}
+def _defaults(record: dict) -> list:
+    """The custom op's parameters' default values, in order (None where required)."""
+    result = []
+    for p in record["params"]:
+        default = None if p["default"] == "<required>" else p["default"]
+        result += [default, None] if p["type"]["kind"] == "quantized" else [default]
+    return result
+
+
+def _complete(defaults: list, values: tuple, named: dict) -> list:
+    """The values of a kernel's call: the dispatcher leaves out trailing arguments equal to
+    their defaults, and may pass some by name."""
+    return list(values) + [named.pop(n, d) for n, d in list(defaults)[len(values):]]
 
 
 def _register(lib, record: dict, public) -> None:
@@ -179,90 +202,132 @@ def _register(lib, record: dict, public) -> None:
     returns = [index[r] for r in record["returns"]]
     first_tensor = next(n for n, text, _ in torch_params(record) if text.startswith("Tensor"))
     lib.define(functional)
-    lib.define(out_form)
+    if out_form is not None:
+        lib.define(out_form)
 
     def pick(outs):
         if not returns:
             return None
         return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
 
-    def cuda(*values):
-        by_name = _values_by_name(record, values)
+    names = [n for n, _, _ in torch_params(record)]
+    defaults = list(zip(names, _defaults(record)))
+
+    def cuda(*values, **named):
+        values = _complete(defaults, values, named)
+        by_name = dict(zip(names, values))
         outs = declarations.allocate(by_name, by_name[first_tensor].device)
         public(*_public_call(record, values), **dict(zip(out_names, outs)))
         return pick(outs)
 
-    def meta(*values):
-        by_name = _values_by_name(record, values)
-        return pick(declarations.allocate(by_name, "meta"))
+    def meta(*values, **named):
+        values = _complete(defaults, values, named)
+        return pick(declarations.allocate(dict(zip(names, values)), "meta"))
 
-    def cuda_out(*values, **outs):
-        public(*_public_call(record, values), **outs)
+    def cuda_out(*values, **named):
+        values = _complete(defaults, values, named)
+        public(*_public_call(record, values), **named)
 
-    def meta_out(*values, **outs):
+    def meta_out(*values, **named):
         return None
 
     lib.impl(name, cuda, "CUDA")
     lib.impl(name, meta, "Meta")
-    lib.impl(name + "_out", cuda_out, "CUDA")
-    lib.impl(name + "_out", meta_out, "Meta")
+    if out_form is not None:
+        lib.impl(name + "_out", cuda_out, "CUDA")
+        lib.impl(name + "_out", meta_out, "Meta")
 
 
-def _torch_call_function(record: dict, functional, out_form):
+def binding(record: dict) -> dict:
+    """How the public function's arguments become the custom ops', as plain data (dynamo
+    traces :func:`bind` over it as constants)."""
+    params = record["params"]
+    out_names = [o["name"] for o in record["outs"]]
+    return {
+        "qual": f"{record['module']}.{record['name']}",
+        "names": [p["name"] for p in params],
+        "defaults": {p["name"]: p["default"] for p in params if p["default"] != "<required>"},
+        "out_names": out_names,
+        "enums": {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]},
+        "quantized": [p["name"] for p in params if p["type"]["kind"] == "quantized"],
+        "returns": [out_names.index(r) for r in record["returns"]],
+    }
+
+
+def bind(spec: dict, args: tuple, kwargs: dict) -> tuple:
+    """``(values, given_outs)``: the custom op's parameter values, in order (a ``(data, sf)``
+    pair split, an enum member as its name), and the ``out=`` tensors (None where not given)."""
+    names, qual = spec["names"], spec["qual"]
+    if len(args) > len(names):
+        raise TypeError(f"{qual}: takes at most {len(names)} positional arguments ({len(args)} given)")
+    bound = dict(zip(names, args))
+    kwargs = dict(kwargs)
+    given_outs = [kwargs.pop(n, None) for n in spec["out_names"]]
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            raise TypeError(f"{qual}: unexpected or repeated argument {k!r}")
+        bound[k] = v
+    values = []
+    for n in names:
+        if n not in bound and n not in spec["defaults"]:
+            raise TypeError(f"{qual}: missing argument {n!r}")
+        v = bound[n] if n in bound else spec["defaults"][n]
+        if n in spec["quantized"]:
+            values += list(v) if isinstance(v, tuple) else [v, None]
+            continue
+        if n in spec["enums"] and not isinstance(v, str):
+            v = spec["enums"][n][int(v)]
+        values.append(v)
+    return values, given_outs
+
+
+def _result(spec: dict, outs: list):
+    returns = spec["returns"]
+    if not returns:
+        return None
+    return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+
+
+def _torch_call_function(record: dict):
     """The public function's semantics over the custom ops (a plain Python function that
     dynamo traces): arguments bound as the C function binds them, then the functional op, or
     with every ``out=`` given the out form, or with some given the functional op and a copy."""
-    params = record["params"]
-    names = [p["name"] for p in params]
-    defaults = {p["name"]: p["default"] for p in params if p["default"] != "<required>"}
-    out_names = [o["name"] for o in record["outs"]]
-    index = {n: k for k, n in enumerate(out_names)}
-    returns = [index[r] for r in record["returns"]]
-    enums = {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]}
-    quantized = {p["name"] for p in params if p["type"]["kind"] == "quantized"}
-    qual = f"{record['module']}.{record['name']}"
+    spec = binding(record)
+    single = len(spec["out_names"]) == 1
+    name = record["name"]
 
     def torch_call(*args, **kwargs):
-        if len(args) > len(names):
-            raise TypeError(f"{qual}: takes at most {len(names)} positional arguments ({len(args)} given)")
-        bound = dict(zip(names, args))
-        given_outs = [kwargs.pop(n, None) for n in out_names]
-        for k, v in kwargs.items():
-            if k not in names or k in bound:
-                raise TypeError(f"{qual}: unexpected or repeated argument {k!r}")
-            bound[k] = v
-        values = []
-        for n in names:
-            if n not in bound and n not in defaults:
-                raise TypeError(f"{qual}: missing argument {n!r}")
-            v = bound.get(n, defaults.get(n))
-            if n in quantized:
-                values += list(v) if isinstance(v, tuple) else [v, None]
-                continue
-            if n in enums and not isinstance(v, str):
-                v = enums[n][int(v)]
-            values.append(v)
+        values, given_outs = bind(spec, args, kwargs)
+        functional = getattr(torch.ops.tile_kernels_aot, name).default
         if all(o is None for o in given_outs):
             return functional(*values)
         if all(o is not None for o in given_outs):
-            out_form(*values, **dict(zip(out_names, given_outs)))
-            outs = given_outs
-        else:
-            made = functional(*values)
-            made = [made] if len(out_names) == 1 else list(made)
-            outs = []
-            for given, m in zip(given_outs, made):
-                if given is not None:
-                    given.copy_(m)
-                outs.append(given if given is not None else m)
-        if not returns:
-            return None
-        return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+            out_form = getattr(torch.ops.tile_kernels_aot, name + "_out").default
+            out_form(*values, **dict(zip(spec["out_names"], given_outs)))
+            return _result(spec, given_outs)
+        made = functional(*values)
+        made = [made] if single else list(made)
+        outs = []
+        for given, m in zip(given_outs, made):
+            if given is not None:
+                given.copy_(m)
+            outs.append(given if given is not None else m)
+        return _result(spec, outs)
 
     torch_call.__name__ = record["name"]
     torch_call.__qualname__ = record["name"]
-    torch_call.__doc__ = f"{qual} through torch.ops.{NAMESPACE}.{record['name']} (what torch.compile traces)."
+    torch_call.__doc__ = f"{spec['qual']} through torch.ops.{NAMESPACE}.{record['name']} (what torch.compile traces)."
     return torch_call
+
+
+def custom_op_arguments(qualname: str, args: tuple, kwargs: dict) -> tuple:
+    """``(values, out=)`` of a public call ``'<module>.<name>'(*args, **kwargs)`` as its custom
+    ops take them: ``torch.ops.tile_kernels_aot.<name>(*values)``, or the out form with
+    ``**out`` when every output is given."""
+    register()
+    spec = _BINDINGS[qualname]
+    values, given = bind(spec, args, kwargs)
+    return values, dict(zip(spec["out_names"], given))
 
 
 def torch_call(qualname: str):
@@ -290,12 +355,11 @@ def register() -> None:
     if len(set(names)) != len(names):
         raise RuntimeError(f"{NAMESPACE}: two public ops share a name: {sorted(names)}")
     lib = torch.library.Library(NAMESPACE, "DEF")
-    ops = torch.ops.tile_kernels_aot
     for record in records:
         _register(lib, record, _public(record))
         qual = f"{record['module']}.{record['name']}"
-        _CALLS[qual] = _torch_call_function(record, getattr(ops, record["name"]).default,
-                                            getattr(ops, record["name"] + "_out").default)
+        _BINDINGS[qual] = binding(record)
+        _CALLS[qual] = _torch_call_function(record)
     _LIBRARY = lib
     _C._set_torch_path(_torch_path, torch.Tensor, (torch.Tensor, torch.nn.Parameter))
     _when_dynamo_imported(_install_dynamo_rules)

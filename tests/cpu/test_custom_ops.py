@@ -1,0 +1,223 @@
+"""The torch.library registration without a GPU: every op of the build is a custom op with the
+schema its parameters declare; its fake tensors agree with the PyTorch reference run on CPU
+tensors (shapes, dtypes, strides), with the token dim symbolic; torch.compile and torch.export
+trace the public functions into the custom ops; the dynamo rules arrive with torch._dynamo."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tile_kernels_aot import samples
+
+try:
+    from tile_kernels_aot import _C, custom_ops, manifest
+    OPS = manifest.ops()
+except ImportError:  # no extension in this environment
+    OPS = []
+
+pytestmark = pytest.mark.skipif(not OPS, reason="needs the installed extension")
+
+
+def qualname(record) -> str:
+    return f"{record['module']}.{record['name']}"
+
+
+def _op_params():
+    return [pytest.param(r, id=qualname(r)) for r in OPS]
+
+
+def _sample_params():
+    return [pytest.param(r, s, id=f"{qualname(r)}[{s['name']}]") for r in OPS for s in r["samples"]]
+
+
+def _cpu_call(record, sample, tokens=None):
+    """Arguments of ``sample`` as CPU tensors at a small token count."""
+    tokens = samples.token_counts(record, min(sample["tokens"], 96) if tokens is None else tokens)[0]
+    return samples.make_args(sample, tokens, torch.Generator().manual_seed(0), device="cpu")
+
+
+def _meta(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, tuple):
+        return tuple(_meta(v) for v in value)
+    return value
+
+
+def _layout(t):
+    return (tuple(t.shape), tuple(t.stride()) if t.numel() > 1 else None, t.dtype)
+
+
+@pytest.mark.parametrize("record", _op_params())
+def test_every_op_is_a_custom_op_with_its_declared_schema(record):
+    ops = torch.ops.tile_kernels_aot
+    functional = getattr(ops, record["name"]).default._schema
+    out_form = getattr(ops, record["name"] + "_out").default._schema
+    expected = [n for n, _, _ in custom_ops.torch_params(record)]
+    assert [a.name for a in functional.arguments] == expected
+    assert len(functional.returns) == len(record["returns"])
+    # tensors the op updates in place are annotated as written, in both forms
+    for schema in (functional, out_form):
+        written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        mutable = {p["name"] for p in record["params"] if p["type"]["kind"] == "tensor" and p["type"]["mutable"]}
+        outs = {o["name"] for o in record["outs"]} if schema is out_form else set()
+        assert written == mutable | outs, str(schema)
+    # out= tensors are keyword-only, and the out form returns nothing
+    assert [a.name for a in out_form.arguments if a.kwarg_only] == [o["name"] for o in record["outs"]]
+    assert len(out_form.returns) == 0
+
+
+@pytest.mark.parametrize("record,sample", _sample_params())
+def test_fake_outputs_match_the_reference_on_cpu(record, sample):
+    """The Meta kernel (the schema's output declarations) against the reference's outputs."""
+    args, kwargs = _cpu_call(record, sample)
+    expected = samples.outputs_by_name(record, samples.reference(record)(*args, **kwargs))
+    fake = samples.outputs_by_name(record, custom_ops.torch_call(qualname(record))(
+        *[_meta(a) for a in args], **{k: _meta(v) for k, v in kwargs.items()}))
+    assert set(fake) == set(expected)
+    for name, tensor in fake.items():
+        assert tensor.device.type == "meta"
+        assert _layout(tensor) == _layout(expected[name]), f"{qualname(record)} {name}"
+
+
+@pytest.mark.parametrize("record,sample", _sample_params())
+def test_tracing_keeps_the_token_dim_symbolic(record, sample):
+    """make_fx with symbolic shapes hands fake tensors to the C function, which passes the call
+    to the custom op: one graph node, outputs sized by the symbolic token count."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    args, kwargs = _cpu_call(record, sample)
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+
+    def call(*tensors):
+        full, named = list(args), dict(kwargs)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        named.update(zip(keys, tensors[len(positions):]))
+        return samples.function(record)(*full, **named)
+
+    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[kwargs[k] for k in keys])
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert getattr(torch.ops.tile_kernels_aot, record["name"]).default in targets, graph.code
+    if record["token_dim"] is None or not positions:
+        return
+    outputs = [n for n in graph.graph.nodes if n.op == "output"][0].args[0]
+    outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    token_sized = [o.meta["val"] for o in outputs if o is not None and o.meta["val"].dim() > 0]
+    assert any(isinstance(v.shape[0], torch.SymInt) and not v.shape[0].node.is_constant() for v in token_sized)
+
+
+def test_out_tensors_through_the_torch_path():
+    """Given out= tensors reach the out form (all given) or are filled by a copy (some given)."""
+    record = next((r for r in OPS if len(r["outs"]) == 2), None)
+    if record is None:
+        pytest.skip("no op with two outputs in this build")
+    sample = record["samples"][0]
+    args, kwargs = _cpu_call(record, sample)
+    args, kwargs = [_meta(a) for a in args], {k: _meta(v) for k, v in kwargs.items()}
+    call = custom_ops.torch_call(qualname(record))
+    made = call(*args, **kwargs)
+    given = {o["name"]: torch.empty_like(t) for o, t in zip(record["outs"], made)}
+    result = call(*args, **kwargs, **given)
+    assert all(r is given[n] for r, n in zip(result, record["returns"]))
+    first = record["outs"][0]["name"]
+    result = call(*args, **kwargs, **{first: given[first]})
+    assert result[0] is given[first] and _layout(result[1]) == _layout(made[1])
+
+
+def test_compile_puts_the_ops_in_one_graph_for_every_token_count():
+    """torch.compile(fullgraph=True) over meta tensors: no graph break, one compile for token
+    counts 1..8192 (the token dim unbacked, as servers mark it)."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    needed = {"moe.topk_gate", "moe.normalize_weight", "quant.per_token_cast"}
+    if not needed <= {qualname(r) for r in OPS}:
+        pytest.skip("needs topk_gate, normalize_weight and per_token_cast")
+    import tile_kernels_aot as tk
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def block(x, w):
+        scores = x.float() @ w
+        idx = tk.moe.topk_gate(scores, 8)
+        denominator, weights = tk.moe.normalize_weight(scores.gather(1, idx).abs() + 1)
+        q, sf = tk.quant.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True,
+                                        use_packed_ue8m0=True)
+        return idx, denominator, weights, q, sf
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    w = torch.empty(7168, 256, device="meta")
+    for tokens in (1, 2, 3, 64, 1000, 8192):
+        x = torch.empty(tokens, 7168, device="meta", dtype=torch.bfloat16)
+        mark_unbacked(x, 0)
+        idx, denominator, weights, q, sf = compiled(x, w)
+        assert idx.shape == (tokens, 8) and q.shape == (tokens, 7168) and q.dtype == torch.float8_e4m3fn
+        assert sf.shape == (tokens, 14) and sf.stride() == (1, max(-(-tokens // 4) * 4, 1)) and sf.dtype == torch.int32
+    assert len(graphs) == 1
+    called = {n.target for n in graphs[0].graph.nodes if n.op == "call_function"}
+    ops = torch.ops.tile_kernels_aot
+    assert {ops.topk_gate.default, ops.normalize_weight.default, ops.per_token_cast.default} <= called
+
+
+def test_export_records_the_custom_ops():
+    if "moe.topk_gate" not in {qualname(r) for r in OPS}:
+        pytest.skip("needs topk_gate")
+    import tile_kernels_aot as tk
+
+    class Gate(torch.nn.Module):
+        def forward(self, scores):
+            return tk.moe.topk_gate(scores * 2, 8)
+
+    exported = torch.export.export(Gate(), (torch.randn(33, 256),), dynamic_shapes=({0: torch.export.Dim("T")},))
+    called = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert torch.ops.tile_kernels_aot.topk_gate.default in called
+
+
+def _run(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("dynamo_first", [False, True], ids=["package-first", "dynamo-first"])
+def test_dynamo_rules_arrive_with_dynamo_and_the_import_stays_light(dynamo_first):
+    out = _run(f"""
+        import sys
+        import torch
+        {'import torch._dynamo' if dynamo_first else ''}
+        import tile_kernels_aot as tk
+        print("dynamo imported by the package:", {not dynamo_first} and "torch._dynamo" in sys.modules)
+        import torch._dynamo
+        from torch._dynamo.variables import PolyfilledFunctionVariable
+        handlers = PolyfilledFunctionVariable._get_polyfill_handlers()
+        from tile_kernels_aot import manifest, samples
+        missing = [r["name"] for r in manifest.ops() if samples.function(r) not in handlers]
+        print("missing rules:", missing)
+    """)
+    assert "dynamo imported by the package: False" in out
+    assert "missing rules: []" in out
+
+
+def test_a_subclass_tensor_takes_the_torch_path_and_plain_tensors_do_not():
+    """A C function given a tensor subclass calls the custom op (here on meta tensors inside
+    a subclass); a plain CPU tensor stops at the C function's device check."""
+    if "moe.topk_gate" not in {qualname(r) for r in OPS}:
+        pytest.skip("needs topk_gate")
+    import tile_kernels_aot as tk
+
+    class Tagged(torch.Tensor):
+        pass
+
+    scores = torch.randn(5, 256, device="meta").as_subclass(Tagged)
+    assert tk.moe.topk_gate(scores, 4).shape == (5, 4)
+    with pytest.raises(ValueError, match="moe.topk_gate"):
+        tk.moe.topk_gate(torch.randn(5, 256), 4)
