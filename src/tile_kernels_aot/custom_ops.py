@@ -8,7 +8,7 @@ Per public function ``<module>.<name>`` two ops are defined:
   ``Tensor(a!)`` for tensors the op updates in place; a ``(data, sf)`` parameter ``x`` is
   split into ``Tensor x, Tensor? x_sf``);
 * ``<name>_out``: the ``out=`` form; every output is a ``Tensor(a!)`` argument and it
-  returns nothing.
+  returns nothing (an op without outputs, updating a tensor in place, has none).
 
 Each has a CUDA kernel (the public C function: the same launch path as eager calls) and a
 Meta kernel that builds the outputs from the schema's declarations (``Out.dtype``,
@@ -133,7 +133,8 @@ def _decl(params: list) -> str:
 
 
 def schemas(record: dict) -> tuple:
-    """The functional op's schema and the out form's, as ``torch.library`` defines them."""
+    """The functional op's schema and the out form's (None for an op without outputs), as
+    ``torch.library`` defines them."""
     params = torch_params(record)
     for o in record["outs"]:
         if o["optional"]:
@@ -143,6 +144,8 @@ def schemas(record: dict) -> tuple:
     functional = f"{record['name']}({_decl(params)}) -> {returns}"
     taken = sum(1 for _, text, _ in params if "!" in text)
     letters = "abcdefghijklmnopqrstuvwxyz"[taken:]
+    if not record["outs"]:  # an in-place op: nothing to pass as out=, no out form
+        return functional, None
     outs = ", ".join(f"Tensor({letters[i]}!) {o['name']}" for i, o in enumerate(record["outs"]))
     out_form = f"{record['name']}_out({_decl(params)}, *, {outs}) -> ()"
     return functional, out_form
@@ -179,7 +182,8 @@ def _register(lib, record: dict, public) -> None:
     returns = [index[r] for r in record["returns"]]
     first_tensor = next(n for n, text, _ in torch_params(record) if text.startswith("Tensor"))
     lib.define(functional)
-    lib.define(out_form)
+    if out_form is not None:
+        lib.define(out_form)
 
     def pick(outs):
         if not returns:
@@ -204,8 +208,9 @@ def _register(lib, record: dict, public) -> None:
 
     lib.impl(name, cuda, "CUDA")
     lib.impl(name, meta, "Meta")
-    lib.impl(name + "_out", cuda_out, "CUDA")
-    lib.impl(name + "_out", meta_out, "Meta")
+    if out_form is not None:
+        lib.impl(name + "_out", cuda_out, "CUDA")
+        lib.impl(name + "_out", meta_out, "Meta")
 
 
 def _torch_call_function(record: dict, functional, out_form):
@@ -294,8 +299,8 @@ def register() -> None:
     for record in records:
         _register(lib, record, _public(record))
         qual = f"{record['module']}.{record['name']}"
-        _CALLS[qual] = _torch_call_function(record, getattr(ops, record["name"]).default,
-                                            getattr(ops, record["name"] + "_out").default)
+        out_form = getattr(ops, record["name"] + "_out").default if record["outs"] else None
+        _CALLS[qual] = _torch_call_function(record, getattr(ops, record["name"]).default, out_form)
     _LIBRARY = lib
     _C._set_torch_path(_torch_path, torch.Tensor, (torch.Tensor, torch.nn.Parameter))
     _when_dynamo_imported(_install_dynamo_rules)
