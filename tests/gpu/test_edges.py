@@ -12,7 +12,7 @@ import torch
 from tile_kernels_aot import samples
 
 from checks import assert_bits_equal
-from ops import OPS, qualname
+from ops import OPS, function, outputs_by_name, qualname, reference
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -42,8 +42,8 @@ def _named_args(record, args, kwargs):
 
 
 def _assert_matches_reference(record, args, kwargs, result, what):
-    expected = samples.outputs_by_name(record, samples.reference(record)(*args, **kwargs))
-    got = samples.outputs_by_name(record, result)
+    expected = outputs_by_name(record, reference(record)(*args, **kwargs))
+    got = outputs_by_name(record, result)
     assert set(got) == set(expected), what
     for name in got:
         assert_bits_equal(got[name], expected[name], f"{what} {name}")
@@ -66,26 +66,26 @@ def test_huge_inputs_are_exact_or_refused(record, sample, gen):
     row_elements, row_bytes = first.numel(), first.nbytes
     n = (2**31 // row_elements) + 300
     per_row = sum(t.nbytes for t in probe if isinstance(t, torch.Tensor))
-    fn = samples.function(record)
-    outs = samples.outputs_by_name(record, fn(*probe))
+    fn = function(record)
+    outs = outputs_by_name(record, fn(*probe))
     per_row += sum(t.untyped_storage().nbytes() for t in outs.values())
     free, _ = torch.cuda.mem_get_info()
     if per_row * n * 1.3 > free:
         pytest.skip(f"needs {per_row * n / 2**30:.0f} GiB")
     args, kwargs = samples.make_args(sample, n, gen)
     try:
-        result = samples.outputs_by_name(record, fn(*args, **kwargs))
+        result = outputs_by_name(record, fn(*args, **kwargs))
     except ValueError as e:  # refused: the message names the limit and the argument
         assert qualname(record) in str(e) and ("2^31" in str(e) or "too" in str(e)), str(e)
         return
     torch.cuda.synchronize()
     windows = [0, 2**31 // row_bytes - 150, 2**31 // row_elements - 150, n - 300]
-    ref = samples.reference(record)
+    ref = reference(record)
     for start in windows:
         stop = start + 300
         part_args = [_rows(a, start, stop, n) for a in args]
         part_kwargs = {k: _rows(v, start, stop, n) for k, v in kwargs.items()}
-        expected = samples.outputs_by_name(record, ref(*part_args, **part_kwargs))
+        expected = outputs_by_name(record, ref(*part_args, **part_kwargs))
         for name, tensor in result.items():
             assert_bits_equal(tensor[start:stop], expected[name], f"{qualname(record)} {name} rows {start}:{stop} of {n}")
     del args, kwargs, result
@@ -119,7 +119,7 @@ def test_special_values_match_the_reference(record, sample, special, gen):
             touched = True
     if not touched:
         pytest.skip("no float input")
-    result = samples.function(record)(*args, **kwargs)
+    result = function(record)(*args, **kwargs)
     _assert_matches_reference(record, args, kwargs, result, f"{qualname(record)} {special}")
 
 
@@ -149,7 +149,7 @@ LAYOUTS = ["misaligned", "row_stride+8", "row_stride+64", "transposed"]
 def test_layouts_are_exact_or_refused_naming_the_argument(record, sample, layout, gen):
     tokens = samples.token_counts(record, min(sample["tokens"], 256))[0]
     args, kwargs = samples.make_args(sample, tokens, gen)
-    expected_result = samples.function(record)(*args, **kwargs)
+    expected_result = function(record)(*args, **kwargs)
     for index, (name, value) in enumerate(_named_args(record, args, kwargs)):
         if not isinstance(value, torch.Tensor) or value.dim() != 2 or (layout == "transposed" and min(value.shape) < 2):
             continue
@@ -160,12 +160,12 @@ def test_layouts_are_exact_or_refused_naming_the_argument(record, sample, layout
         else:
             new_kwargs[name] = moved
         try:
-            result = samples.function(record)(*new_args, **new_kwargs)
+            result = function(record)(*new_args, **new_kwargs)
         except ValueError as e:
             assert f"{qualname(record)}: {name}" in str(e), f"{layout} {name}: the message must name the argument: {e}"
             continue
-        want = samples.outputs_by_name(record, expected_result)
-        for out, tensor in samples.outputs_by_name(record, result).items():
+        want = outputs_by_name(record, expected_result)
+        for out, tensor in outputs_by_name(record, result).items():
             assert_bits_equal(tensor, want[out], f"{qualname(record)} {layout} {name} -> {out}")
 
 
@@ -177,7 +177,7 @@ def test_zero_size_inner_dims_are_empty_or_refused(record, sample, gen):
     shape[-1] = 0
     args[first] = torch.empty(shape, dtype=args[first].dtype, device="cuda")
     try:
-        result = samples.outputs_by_name(record, samples.function(record)(*args, **kwargs))
+        result = outputs_by_name(record, function(record)(*args, **kwargs))
     except ValueError as e:
         assert qualname(record) in str(e)
         return
@@ -189,10 +189,10 @@ def test_zero_size_inner_dims_are_empty_or_refused(record, sample, gen):
 @pytest.mark.parametrize("record,sample", _first_samples())
 def test_misuse_is_refused_and_the_context_stays_healthy(record, sample, gen):
     op = qualname(record)
-    fn = samples.function(record)
+    fn = function(record)
     tokens = samples.token_counts(record, 128)[0]
     args, kwargs = samples.make_args(sample, tokens, gen)
-    good = samples.outputs_by_name(record, fn(*args, **kwargs))
+    good = samples.outputs_by_name(record, fn(*args, **kwargs))  # the out= outputs only
     inputs = [v for _, v in _named_args(record, args, kwargs) if isinstance(v, torch.Tensor)]
     for name, tensor in good.items():
         wrong = {
@@ -251,7 +251,7 @@ def test_fuzz_against_the_references():
         if pad and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 2:
             args[0] = _relayout(args[0], f"row_stride+{pad}")
         try:
-            result = samples.function(record)(*args, **kwargs)
+            result = function(record)(*args, **kwargs)
         except ValueError as e:
             assert f"{qualname(record)}: " in str(e)
             return
@@ -275,7 +275,7 @@ def test_threads_on_their_own_streams():
                 for _ in range(5):
                     for record, sample in cases:
                         args, kwargs = samples.make_args(sample, samples.token_counts(record, 300)[0], gen)
-                        result = samples.function(record)(*args, **kwargs)
+                        result = function(record)(*args, **kwargs)
                         _assert_matches_reference(record, args, kwargs, result, f"{qualname(record)} thread {seed}")
             stream.synchronize()
         except Exception as e:  # noqa: BLE001  (reported below)
