@@ -192,11 +192,12 @@ def copy_bandwidth_tbs() -> float:
 def first_call_ms():
     """A fresh process: torch imported and CUDA initialised first (not counted), then
     the package imported and one op called and synchronized: ``moe.topk_gate`` on 128
-    tokens with the first prebuilt expert count.  None when this build has no topk_gate."""
+    tokens with the largest expert count of the first prebuilt class.  None when this build has no
+    topk_gate."""
     configs = manifest.configs("moe.topk_gate")
     if not configs:
         return None
-    experts = configs[0]["num_experts"]
+    experts = configs[0]["max_experts"]  # the class's largest expert count: a count it serves
     code = (
         "import time, torch\n"
         f"x = torch.randn(128, {experts}, device='cuda'); torch.cuda.synchronize()\n"

@@ -129,8 +129,18 @@ def test_bad_input_is_rejected_before_launch():
     _raises(TypeError, r"moe.topk_gate: num_topk must be an int", moe.topk_gate, s, 2.5)
     _raises(TypeError, r"moe.topk_gate: got an unexpected keyword argument 'k'", moe.topk_gate, s, k=2)
     _raises(TypeError, r"moe.topk_gate: missing required argument 'num_topk'", moe.topk_gate, s)
-    _raises(ValueError, r"moe.topk_gate: no prebuilt kernel for num_experts=100.*python -m aot build",
-            moe.topk_gate, torch.randn(4, 100), 2)
+    # topk_gate's size classes: an expert count past the largest is refused by name; one in a
+    # class this build lacks (the default wheel has them all) reports the missing class
+    _raises(ValueError, r"moe.topk_gate: scores must have 1 to 512 experts \(scores.shape\[1\]\), got 513",
+            moe.topk_gate, torch.randn(4, 513), 2)
+    # (strides (0, 1): the runtime's layout check takes torch's (1, 1) for a [4, 0] tensor as not contiguous)
+    _raises(ValueError, r"moe.topk_gate: scores must have 1 to 512 experts", moe.topk_gate,
+            torch.empty_strided((4, 0), (0, 1)), 1)
+    built = {c["max_experts"] for c in manifest.configs("moe.topk_gate")}
+    missing = [m for m in range(32, 513, 32) if m not in built]
+    if missing:
+        _raises(ValueError, rf"moe.topk_gate: no prebuilt kernel for max_experts={missing[0]}.*python -m aot build",
+                moe.topk_gate, torch.randn(4, missing[0] - 5), 2)
     _raises(ValueError, r"moe.topk_gate: scores must be a CUDA tensor", moe.topk_gate, s, 2)
     x = torch.randn(4, 2048).bfloat16()
     _raises(ValueError, r"quant.per_token_cast: fmt must be one of", quant.per_token_cast, x, "e9m9", 128)

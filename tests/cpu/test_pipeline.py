@@ -75,7 +75,7 @@ def lowered():
     pytest.importorskip("tilelang")
     from aot.lower import lower
 
-    return lower("moe.topk_gate", {"num_experts": 256}, "sm_90a")
+    return lower("moe.topk_gate", {"max_experts": 256}, "sm_90a")
 
 
 def test_lowering_gives_entry_params_and_geometry(lowered):

@@ -26,7 +26,7 @@ def test_a_tampered_cubin_is_refused_at_load(tmp_path):
         "import tile_kernels_aot as tk\n"
         f"assert tk.__file__.startswith({str(package)!r}), tk.__file__\n"
         "try:\n"
-        f"    tk.moe.topk_gate(torch.randn(16, {config['config']['num_experts']}, device='cuda'), 2)\n"
+        f"    tk.moe.topk_gate(torch.randn(16, {config['config']['max_experts']}, device='cuda'), 2)\n"
         "except RuntimeError as e:\n"
         "    print(e)\n"
         "else:\n"

@@ -5,18 +5,21 @@
 .indices[:, :num_topk]``, i.e. descending, ties to the smaller expert index.
 ``-0.0 == +0.0``; every NaN ranks above ``+inf`` and NaNs tie among themselves;
 ``-inf`` is an ordinary (smallest) score, so a row holds ``num_topk`` distinct
-indices.  Any ``1 <= num_topk <= num_experts``.
+indices.  Any ``1 <= num_experts <= MAX_EXPERTS`` (512) and
+``1 <= num_topk <= num_experts``.
 
 Design
 ------
 One warp per token, ``TOKENS_PER_BLOCK`` (8) warps per block.  Lane ``l`` keeps
 the scores of experts ``l, l + 32, ...`` in registers (``slots`` of them): every
-load is one coalesced 128-byte segment per warp.  Each score becomes a uint32
+load is one coalesced 128-byte segment per warp.  ``slots`` is static (the size
+class, below); lanes of the last slot past ``num_experts`` are padding.  Each score becomes a uint32
 *key* whose integer order is the wanted order (``_order_key``; 0 marks a taken
 or padding slot).  No shared memory, no block barrier, no shuffles.
 
-Composite pass (every row): the low ``IDX_BITS`` bits of each key (7 for 72
-experts, 8 for 256, 9 for 288 and 384) are replaced by ``IDX_MASK - expert``.
+Composite pass (every row): the low ``IDX_BITS`` bits of each key (enough for
+the class's largest index: 5 for ``max_experts`` 32, 6 for 64, 7 for 96-128, 8
+for 160-256, 9 for 288-512) are replaced by ``IDX_MASK - expert``.
 Keys become unique, so one ``redux.sync.max.u32`` per round names the winner;
 its owner zeroes that slot and lane ``r`` keeps round ``r``'s winner.  The
 result is exact when no key has low bits set (bf16-, fp16- or integer-valued
@@ -29,15 +32,22 @@ index holding the max with ``redux.min`` (each lane offers its slot base, an
 immediate, plus its lane id once; ``_NO_OFFER`` cannot wrap).  The fallback's
 stores overwrite the composite pass's.
 
-``num_topk`` is dynamic: a run-time loop over rounds (nvcc unrolls it by 2);
+``num_topk`` is dynamic: a run-time loop over rounds (nvcc unrolls the
+composite one by 4, the exact one by 2);
 ranks are collected 32 at a time and stored by the lanes that hold them.
 ``__launch_bounds__(256, 8)`` caps the kernel at 32 registers, so 64 warps fit
 per SM and an 8192-token batch runs in one wave, all row loads issued at once.
 The round loops are latency-bound by their dependent warp reductions.
 
-Static configurations: ``num_experts`` only (72, 256, 288, 384); one cubin per
-expert count serves every top-k.  8192 x 256, k = 8, random fp32 scores: 7.7 us
-device time on an H200.  Measurements and alternatives: ``notes.md``.
+Size classes: the static key is ``max_experts``, a multiple of 32 up to 512
+(``slots = max_experts / 32``); ``num_experts`` is a run-time value the host
+maps to ``max_experts = align_up(num_experts, 32)``, so every slot but the last
+is full and a class serves ``max_experts - 31 .. max_experts`` experts and every
+top-k.  Only the last slot's load is guarded; padding keys are 0, below every
+real key, so they are never picked and the round loops are the code of a kernel
+specialised to ``max_experts`` experts.  8192 x 256, k = 8, random fp32 scores:
+7.7 us device time on an H200 (the specialised kernel this replaced; the class
+kernel has the same round loops).  Measurements and alternatives: ``notes.md``.
 """
 
 from tilelang import language as T
@@ -52,7 +62,16 @@ TOKENS_PER_BLOCK = 8
 # 32-register cap (spills, where any, are a few bytes outside the round loops:
 # notes.md).
 MIN_BLOCKS_PER_SM = 64 // TOKENS_PER_BLOCK
-PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
+# The largest class: 16 slots per lane, 9 index bits in a composite key.
+MAX_EXPERTS = 512
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # every access is guarded by the kernel itself (token < num_tokens, the last
+    # slot's lane < num_experts, rank < num_topk); with num_experts a run-time
+    # extent the pass would otherwise guard every slot's load.
+    "tl.disable_safe_memory_legalize": True,
+}
 
 _REMOVED = 0  # key of a taken or padding slot: below every real score
 # A lane without the max key offers this (+ its lane id, no wrap) to the
@@ -77,25 +96,35 @@ def _order_key(bits):
     return T.if_then_else(magnitude > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF), signed)
 
 
-def topk_gate_kernel(num_experts: int):
-    assert num_experts >= 1
+def topk_gate_kernel(max_experts: int):
+    """The kernel of one size class: every expert count ``num_experts`` in
+    ``(max_experts - 32, max_experts]``, given at run time.  The caller (``host.h``)
+    picks ``max_experts = align_up(num_experts, 32)``: every slot but the last is then
+    full, and only the last slot's lanes past ``num_experts`` are padding."""
+    assert max_experts % WARP == 0 and WARP <= max_experts <= MAX_EXPERTS, \
+        f"max_experts must be a multiple of {WARP} in [{WARP}, {MAX_EXPERTS}], got {max_experts}"
     num_tokens = T.dynamic("num_tokens")
     num_topk = T.dynamic("num_topk")
-    slots = (num_experts + WARP - 1) // WARP
-    full_slots = num_experts // WARP  # slots where all 32 lanes hold an expert
+    num_experts = T.dynamic("num_experts")  # in (max_experts - 32, max_experts]
+    slots = max_experts // WARP
     # Composite keys (module docstring, "Composite pass"): the low IDX_BITS
-    # of a key carry ``IDX_MASK - expert``, the rest is the key's prefix.
-    idx_bits = max(1, (num_experts - 1).bit_length())
+    # of a key carry ``IDX_MASK - expert``, the rest is the key's prefix.  A
+    # function of the class alone: padding slots hold 0 and are never composed.
+    idx_bits = (max_experts - 1).bit_length()
     idx_mask = (1 << idx_bits) - 1
     prefix_mask = 0xFFFFFFFF ^ idx_mask
 
     @T.macro
     def load_keys(scores, keys, token, lane):
-        for s in T.unroll(slots):
-            if s < full_slots or s * WARP + lane < num_experts:
-                keys[s] = _order_key(T.reinterpret(scores[token, s * WARP + lane], T.uint32))
-            else:
-                keys[s] = T.uint32(_REMOVED)
+        # Slots 0 .. slots - 2 are full for every expert count of the class:
+        # unguarded loads, the same code as a kernel specialised to the count.
+        for s in T.unroll(slots - 1):
+            keys[s] = _order_key(T.reinterpret(scores[token, s * WARP + lane], T.uint32))
+        # The last slot: lanes past num_experts are padding (key 0, never picked).
+        if (slots - 1) * WARP + lane < num_experts:
+            keys[slots - 1] = _order_key(T.reinterpret(scores[token, (slots - 1) * WARP + lane], T.uint32))
+        else:
+            keys[slots - 1] = T.uint32(_REMOVED)
 
     def lane_max_of(keys):
         """The largest of a lane's keys (an expression)."""
