@@ -131,7 +131,7 @@ def _direct_call(fn, args, kwargs):
     return env["make"](fn, *args, *kwargs.values())
 
 
-def _loop_us(fn, n):
+def loop_us(fn, n):
     """Host time per call of one pipelined loop of ``n`` calls (synchronized at its end)."""
     t = time.perf_counter()
     for _ in range(n):
@@ -158,7 +158,7 @@ def _rounds_us(loops, n=2500, rounds=10):
         for name, (fn, before) in loops.items():
             if before is not None:
                 before()
-            times[name].append(_loop_us(fn, n))
+            times[name].append(loop_us(fn, n))
     return times
 
 

@@ -141,10 +141,9 @@ def _decl(params: list) -> str:
                      for name, text, default in params)
 
 
-def schemas(record: dict) -> tuple:
+def schemas(record: dict, params: list) -> tuple:
     """The functional op's schema and the out form's (None for an op without outputs), as
-    ``torch.library`` defines them."""
-    params = torch_params(record)
+    ``torch.library`` defines them, over ``torch_params(record)``."""
     for o in record["outs"]:
         if o["optional"]:
             raise ValueError(f"{record['module']}.{record['name']}: optional outputs have no torch schema yet")
@@ -162,8 +161,8 @@ def schemas(record: dict) -> tuple:
 
 # ---- the kernels behind each op ------------------------------------------------------------
 
-def _public_call(record: dict, values: list) -> tuple:
-    """The C function's ``(args, kwargs)`` for the custom op's parameter values."""
+def _public_call(record: dict, values: list) -> list:
+    """The C function's positional arguments for the custom op's parameter values."""
     args = []
     it = iter(values)
     for p in record["params"]:
@@ -193,36 +192,29 @@ def _complete(defaults: list, values: tuple, named: dict) -> list:
     return list(values) + [named.pop(n, d) for n, d in list(defaults)[len(values):]]
 
 
-def _register(lib, record: dict, public) -> None:
-    functional, out_form = schemas(record)
+def _register(lib, record: dict, spec: dict, public) -> None:
+    params = torch_params(record)
+    functional, out_form = schemas(record, params)
     name = record["name"]
     declarations = OutputDeclarations(record)
-    out_names = [o["name"] for o in record["outs"]]
-    index = {n: k for k, n in enumerate(out_names)}
-    returns = [index[r] for r in record["returns"]]
-    first_tensor = next(n for n, text, _ in torch_params(record) if text.startswith("Tensor"))
+    out_names = spec["out_names"]
+    names = [n for n, _, _ in params]
+    first_tensor = next(n for n, text, _ in params if text.startswith("Tensor"))
+    defaults = list(zip(names, _defaults(record)))
     lib.define(functional)
     if out_form is not None:
         lib.define(out_form)
-
-    def pick(outs):
-        if not returns:
-            return None
-        return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
-
-    names = [n for n, _, _ in torch_params(record)]
-    defaults = list(zip(names, _defaults(record)))
 
     def cuda(*values, **named):
         values = _complete(defaults, values, named)
         by_name = dict(zip(names, values))
         outs = declarations.allocate(by_name, by_name[first_tensor].device)
         public(*_public_call(record, values), **dict(zip(out_names, outs)))
-        return pick(outs)
+        return _result(spec, outs)
 
     def meta(*values, **named):
         values = _complete(defaults, values, named)
-        return pick(declarations.allocate(dict(zip(names, values)), "meta"))
+        return _result(spec, declarations.allocate(dict(zip(names, values)), "meta"))
 
     def cuda_out(*values, **named):
         values = _complete(defaults, values, named)
@@ -288,11 +280,11 @@ def _result(spec: dict, outs: list):
     return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
 
 
-def _torch_call_function(record: dict):
+def _torch_call_function(record: dict, spec: dict):
     """The public function's semantics over the custom ops (a plain Python function that
-    dynamo traces): arguments bound as the C function binds them, then the functional op, or
-    with every ``out=`` given the out form, or with some given the functional op and a copy."""
-    spec = binding(record)
+    dynamo traces): arguments bound as the C function binds them (``spec``: its
+    :func:`binding`), then the functional op, or with every ``out=`` given the out form, or
+    with some given the functional op and a copy."""
     single = len(spec["out_names"]) == 1
     name = record["name"]
 
@@ -356,10 +348,10 @@ def register() -> None:
         raise RuntimeError(f"{NAMESPACE}: two public ops share a name: {sorted(names)}")
     lib = torch.library.Library(NAMESPACE, "DEF")
     for record in records:
-        _register(lib, record, _public(record))
-        qual = f"{record['module']}.{record['name']}"
-        _BINDINGS[qual] = binding(record)
-        _CALLS[qual] = _torch_call_function(record)
+        spec = binding(record)
+        _register(lib, record, spec, _public(record))
+        _BINDINGS[spec["qual"]] = spec
+        _CALLS[spec["qual"]] = _torch_call_function(record, spec)
     _LIBRARY = lib
     _C._set_torch_path(_torch_path, torch.Tensor, (torch.Tensor, torch.nn.Parameter))
     _when_dynamo_imported(_install_dynamo_rules)

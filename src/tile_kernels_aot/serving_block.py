@@ -13,7 +13,6 @@ times it.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
@@ -62,16 +61,14 @@ def references():
 
 
 def _per_call_us(fn, x, iters: int) -> float:
-    """Wall time per call of a loop of ``iters`` calls, synchronized at both ends: what a
-    server's step sees (host work and device work, whichever bounds)."""
+    """Wall time per call of a loop of ``iters`` calls, after 3 warm-up calls, synchronized at
+    both ends: what a server's step sees (host work and device work, whichever bounds)."""
+    from tile_kernels_aot.bench import loop_us
+
     for _ in range(3):
         fn(x)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn(x)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e6 / iters
+    return loop_us(lambda: fn(x), iters)
 
 
 def bench(token_counts=(128, 4096), rounds: int = 5, iters: int = 200) -> list:
