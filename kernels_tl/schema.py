@@ -124,7 +124,8 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count."""
+    ``"T"`` for the sample's token count and ``"P"`` for the rows of its routing's fused
+    layout (:class:`Routing`)."""
 
     shape: Sequence
     dtype: str
@@ -154,15 +155,44 @@ class Rand:
 
 
 @dataclass(frozen=True)
+class Routing:
+    """A sample's MoE routing: ``topk_idx`` ``[T, num_topk]`` int64 with distinct experts per
+    token drawn uniformly from ``[0, num_experts)`` and each entry ``-1`` (unrouted) with
+    probability ``unrouted``, placed in the fused expert-major layout by the reference
+    ``get_fused_mapping`` with ``alignment``.  The layout has
+    ``T * num_topk + num_experts * (alignment - 1)`` rows, the most it can need: shapes write
+    it as ``"P"``."""
+
+    num_topk: int
+    num_experts: int
+    alignment: int = 1
+    unrouted: float = 0.0
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One tensor of the sample's :class:`Routing`: ``'topk_idx'`` or an output of
+    ``get_fused_mapping`` by name (``'pos_to_expert'``, ``'pos_to_token'``,
+    ``'pos_to_token_topk'``, ``'token_topk_to_pos'``, ``'expert_start'``, ``'expert_end'``,
+    ``'num_tokens_per_expert'``), so the tensors of one call agree with each other."""
+
+    field: str
+    kind: str = "routed"
+
+
+@dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
-    :class:`Randn` / :class:`Randint` / :class:`Rand`), at ``tokens`` tokens.  The tests
-    run every sample bit-exact against the reference; the bench times them."""
+    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`), at ``tokens``
+    tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"`` extents
+    come from.  The tests run every sample bit-exact against the reference; the bench times
+    them."""
 
     name: str  # 'decode', 'prefill', or the upstream benchmark it mirrors
     tokens: int
     args: Sequence
     kwargs: dict = field(default_factory=dict)
+    routing: Optional[Routing] = None
 
 
 # ---- ops and schema ---------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
-shape (``"T"`` standing for the token count) and dtype.
+shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
+layout) and dtype, or as one tensor of the sample's routing (``routed``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,43 @@ def reference(record: dict):
 
 
 def _is_tensor_spec(value) -> bool:
-    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand")
+    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "routed")
 
 
-def _tensor(spec: dict, tokens: int, gen, device, empty: bool):
-    shape = [tokens if d == "T" else int(d) for d in spec["shape"]]
+def fused_rows(routing: dict, tokens: int) -> int:
+    """Rows of a routing's fused layout at ``tokens`` tokens: the most it can need."""
+    return tokens * routing["num_topk"] + routing["num_experts"] * (routing["alignment"] - 1)
+
+
+_MAPPING_FIELDS = ("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos",
+                   "expert_start", "expert_end", "num_tokens_per_expert")
+
+
+def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> dict:
+    """``{field: tensor}`` of one draw of ``routing`` (schema ``Routing``) at ``tokens`` tokens."""
+    k, experts, rows = routing["num_topk"], routing["num_experts"], fused_rows(routing, tokens)
+    if empty:
+        shapes = {"topk_idx": ([tokens, k], torch.int64), "token_topk_to_pos": ([tokens, k], torch.int32),
+                  **{f: ([rows], torch.int32) for f in _MAPPING_FIELDS[:3]},
+                  **{f: ([experts], torch.int32) for f in _MAPPING_FIELDS[4:]}}
+        return {f: torch.empty(shape, dtype=dtype, device=device) for f, (shape, dtype) in shapes.items()}
+    from tile_kernels_aot.torch.moe import get_fused_mapping
+
+    # distinct experts per token: the k smallest of uniform draws
+    topk_idx = torch.rand(tokens, experts, generator=gen, device=device).topk(k, dim=1, largest=False).indices
+    if routing["unrouted"] > 0:
+        dropped = torch.rand(tokens, k, generator=gen, device=device) < routing["unrouted"]
+        topk_idx = topk_idx.masked_fill(dropped, -1)
+    topk_idx = topk_idx.contiguous()
+    mapping = get_fused_mapping(topk_idx, experts, rows, routing["alignment"], force_no_sync=True)
+    return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping))}
+
+
+def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
+    if spec["kind"] == "routed":
+        return routed[spec["field"]].clone()
+    extents = {"T": tokens, "P": routed.get("rows")}
+    shape = [extents[d] if d in extents else int(d) for d in spec["shape"]]
     dtype = getattr(torch, spec["dtype"])
     if empty:  # shapes and dtypes only (argument checks, config lookup)
         return torch.empty(shape, dtype=dtype, device=device)
@@ -47,9 +80,13 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
     """``(args, kwargs)`` of one call of ``sample`` at ``tokens`` tokens (default: the sample's),
     drawn from ``gen`` (a generator on ``device``)."""
     tokens = sample["tokens"] if tokens is None else tokens
+    routed = {}
+    if sample.get("routing"):
+        routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
+        routed["rows"] = fused_rows(sample["routing"], tokens)
 
     def value(v):
-        return _tensor(v, tokens, gen, device, empty) if _is_tensor_spec(v) else v
+        return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
 
