@@ -5,7 +5,7 @@
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
 # JIT disabled, compute-sanitizer (memcheck, racecheck, synccheck) over every op's samples,
 # and the bench; everything lands in $OUT (gpu-tests.log, memcheck.log, racecheck.log,
-# synccheck.log, bench.json, bench.md, block.md: the compiled MoE block).
+# synccheck.log, bench.json, bench.md, block.md: the compiled MoE block; layer.md: the routed MoE layer in one CUDA graph).
 # TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels
 # beside ours: a folder, or the .tar.xz that wheels/tilekernels_site.sh makes (unpacked here
 # first); the tests never see it.
@@ -46,6 +46,10 @@ if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
   if [[ ${TKA_SKIP_BLOCK_BENCH:-0} != 1 ]]; then
     PYTHONPATH=$site${TKA_BENCH_SITE:+:$TKA_BENCH_SITE} \
       python3 -m tile_kernels_aot bench --block 2>&1 | tee "$OUT/block.md"
+  fi
+  if [[ ${TKA_SKIP_LAYER_BENCH:-0} != 1 ]]; then
+    PYTHONPATH=$site${TKA_BENCH_SITE:+:$TKA_BENCH_SITE} \
+      python3 -m tile_kernels_aot bench --layer 2>&1 | tee "$OUT/layer.md"
   fi
 fi
 exit $status

@@ -72,19 +72,25 @@ def main(argv=None) -> int:
     bench.add_argument("--block", action="store_true",
                        help="instead, time the MoE block of tile_kernels_aot.serving_block per call: eager, "
                             "torch.compile (default and reduce-overhead), the references compiled, TileKernels")
+    bench.add_argument("--layer", action="store_true",
+                       help="instead, time the routed MoE layer of tile_kernels_aot.moe_layer, one CUDA graph "
+                            "per layer, beside TileKernels' ops")
     args = parser.parse_args(argv)
     if args.command == "info":
         return verify() if args.verify else info()
-    if args.block:
+    if args.block or args.layer:
+        import importlib
         import json
 
-        from tile_kernels_aot import serving_block
+        from tile_kernels_aot.bench import variant_table
 
-        rows = serving_block.bench()
+        module = importlib.import_module("tile_kernels_aot." + ("serving_block" if args.block else "moe_layer"))
+        rows = module.bench()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-        print(serving_block.format_rows(rows))
+        print(variant_table(rows, "block variant" if args.block else "MoE layer variant",
+                            "us per call" if args.block else "us per layer"))
         return 0
     from tile_kernels_aot import bench as bench_module
 

@@ -131,6 +131,15 @@ def _direct_call(fn, args, kwargs):
     return env["make"](fn, *args, *kwargs.values())
 
 
+def variant_table(rows: list, subject: str, unit: str) -> str:
+    """A markdown table of ``{variant, num_tokens, us}`` rows (or ``error`` in place of ``us``)."""
+    lines = [f"| {subject} | tokens | {unit} |", "| --- | ---: | ---: |"]
+    for r in rows:
+        value = f"{r['us']:.1f}" if "us" in r else f"failed: {r['error']}"
+        lines.append(f"| {r['variant']} | {r['num_tokens']} | {value} |")
+    return "\n".join(lines)
+
+
 def loop_us(fn, n):
     """Host time per call of one pipelined loop of ``n`` calls (synchronized at its end)."""
     t = time.perf_counter()

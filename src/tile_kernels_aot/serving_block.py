@@ -102,11 +102,3 @@ def bench(token_counts=(128, 4096), rounds: int = 5, iters: int = 200) -> list:
             except Exception as e:  # report it, keep the rest of the run
                 rows.append({"variant": name, "num_tokens": num_tokens, "error": f"{type(e).__name__}: {e}"[:300]})
     return rows
-
-
-def format_rows(rows: list) -> str:
-    lines = ["| block variant | tokens | us per call |", "| --- | ---: | ---: |"]
-    for r in rows:
-        value = f"{r['us']:.1f}" if "us" in r else f"failed: {r['error']}"
-        lines.append(f"| {r['variant']} | {r['num_tokens']} | {value} |")
-    return "\n".join(lines)
