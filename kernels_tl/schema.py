@@ -157,16 +157,20 @@ class Rand:
 @dataclass(frozen=True)
 class Routing:
     """A sample's MoE routing: ``topk_idx`` ``[T, num_topk]`` int64 with distinct experts per
-    token drawn uniformly from ``[0, num_experts)`` and each entry ``-1`` (unrouted) with
-    probability ``unrouted``, placed in the fused expert-major layout by the reference
+    token drawn uniformly from ``[0, num_experts * ep_ranks)``, the entries of other ranks'
+    experts (``>= num_experts``) set to ``-1`` as on one rank of expert parallelism, and each
+    entry ``-1`` (unrouted) with probability ``unrouted``, placed in the fused expert-major layout by the reference
     ``get_fused_mapping`` with ``alignment``.  The layout has
-    ``T * num_topk + num_experts * (alignment - 1)`` rows, the most it can need: shapes write
-    it as ``"P"``."""
+    ``T * num_topk + num_experts * (alignment - 1)`` rows, the most it can need, or with
+    ``exact`` the rows this draw needs (as a host-synced mapping sizes it): shapes write it
+    as ``"P"``."""
 
     num_topk: int
     num_experts: int
     alignment: int = 1
     unrouted: float = 0.0
+    exact: bool = False
+    ep_ranks: int = 1
 
 
 @dataclass(frozen=True)

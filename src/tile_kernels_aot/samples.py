@@ -33,7 +33,7 @@ def _is_tensor_spec(value) -> bool:
 
 
 def fused_rows(routing: dict, tokens: int) -> int:
-    """Rows of a routing's fused layout at ``tokens`` tokens: the most it can need."""
+    """The most rows a routing's fused layout can need at ``tokens`` tokens."""
     return tokens * routing["num_topk"] + routing["num_experts"] * (routing["alignment"] - 1)
 
 
@@ -48,17 +48,20 @@ def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> di
         shapes = {"topk_idx": ([tokens, k], torch.int64), "token_topk_to_pos": ([tokens, k], torch.int32),
                   **{f: ([rows], torch.int32) for f in _MAPPING_FIELDS[:3]},
                   **{f: ([experts], torch.int32) for f in _MAPPING_FIELDS[4:]}}
-        return {f: torch.empty(shape, dtype=dtype, device=device) for f, (shape, dtype) in shapes.items()}
+        return {**{f: torch.empty(shape, dtype=dtype, device=device) for f, (shape, dtype) in shapes.items()},
+                "rows": rows}
     from tile_kernels_aot.torch.moe import get_fused_mapping
 
-    # distinct experts per token: the k smallest of uniform draws
-    topk_idx = torch.rand(tokens, experts, generator=gen, device=device).topk(k, dim=1, largest=False).indices
+    # distinct experts per token: the k smallest of uniform draws over every rank's experts
+    drawn = experts * routing.get("ep_ranks", 1)
+    topk_idx = torch.rand(tokens, drawn, generator=gen, device=device).topk(k, dim=1, largest=False).indices
+    dropped = topk_idx >= experts
     if routing["unrouted"] > 0:
-        dropped = torch.rand(tokens, k, generator=gen, device=device) < routing["unrouted"]
-        topk_idx = topk_idx.masked_fill(dropped, -1)
+        dropped |= torch.rand(tokens, k, generator=gen, device=device) < routing["unrouted"]
+    topk_idx = topk_idx.masked_fill(dropped, -1)
     topk_idx = topk_idx.contiguous()
-    mapping = get_fused_mapping(topk_idx, experts, rows, routing["alignment"], force_no_sync=True)
-    return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping))}
+    mapping = get_fused_mapping(topk_idx, experts, 0 if routing.get("exact") else rows, routing["alignment"])
+    return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping)), "rows": mapping[0].shape[0]}
 
 
 def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
@@ -83,7 +86,6 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
     routed = {}
     if sample.get("routing"):
         routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
-        routed["rows"] = fused_rows(sample["routing"], tokens)
 
     def value(v):
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v

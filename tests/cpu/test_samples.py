@@ -28,6 +28,16 @@ def test_routed_tensors_come_from_one_mapping():
         assert torch.equal(token_topk_to_pos, expected[3]) and torch.equal(kwargs["pos_to_expert"], expected[0])
 
 
+def test_exact_rows_and_expert_parallel_draws():
+    sample = to_json(Sample("ep", 400, [Routed("topk_idx"), Randn(["P", 4], "float32")],
+                            routing=Routing(num_topk=8, num_experts=9, alignment=16, ep_ranks=8, exact=True)))
+    (topk_idx, rows), _ = samples.make_args(sample, 400, torch.Generator().manual_seed(2), "cpu")
+    routed = topk_idx[topk_idx >= 0]
+    assert (routed < 9).all() and 0 < routed.numel() < 400 * 8 // 2  # about one in eight entries is local
+    counts = torch.bincount(routed, minlength=9)
+    assert rows.shape[0] == int(((counts + 15) // 16 * 16).sum())  # exactly the rows the layout needs
+
+
 def test_routed_shapes_without_data():
     (x, topk_idx, token_topk_to_pos), kwargs = samples.make_args(_routed_sample(4, 0.0), 7, device="cpu", empty=True)
     assert topk_idx.shape == (7, 6) and topk_idx.dtype == torch.int64

@@ -2,7 +2,7 @@
 row mode, plain); the token count, hidden size and the options' values are run-time values.
 ``plain`` configs have the option flags compiled out: calls without optional inputs run them."""
 
-from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Sample, Schema, Str, Tensor
+from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Routed, Routing, Sample, Schema, Str, Tensor
 
 
 def _moe_sample(name: str, tokens: int, hidden: int, **options) -> Sample:
@@ -13,6 +13,16 @@ def _moe_sample(name: str, tokens: int, hidden: int, **options) -> Sample:
         "pos_to_expert": Randint(["T"], "int32", -1, 8),
         **options,
     })
+
+
+def _upstream_moe_sample(name: str, **options) -> Sample:
+    """TileKernels' MoE benchmark: 4001 tokens per rank over 8 EP ranks routed top-8 among 72
+    experts, the 9 local experts' rows in a fused layout aligned to 16 (padding rows skipped
+    through pos_to_expert), hidden 1024, packed UE8M0 factors column-major."""
+    return Sample(name, 8 * 4001, [Randn(["P", 2 * 1024], "bfloat16"), "e4m3", 128], {
+        "pos_to_expert": Routed("pos_to_expert"), "use_tma_aligned_col_major_sf": True, "round_sf": True,
+        "use_packed_ue8m0": True, **options,
+    }, routing=Routing(num_topk=8, num_experts=9, alignment=16, ep_ranks=8, exact=True))
 
 
 SCHEMA = Schema(
@@ -50,6 +60,9 @@ SCHEMA = Schema(
                 _moe_sample("MoE, packed UE8M0", 2000, 1024, use_tma_aligned_col_major_sf=True, round_sf=True,
                             use_packed_ue8m0=True),
                 _moe_sample("MoE, clamp 0.5", 2000, 1024, swiglu_clamp_value=0.5),
+                _upstream_moe_sample("upstream MoE, packed UE8M0"),
+                _upstream_moe_sample("upstream MoE, packed UE8M0, clamp 0.5", swiglu_clamp_value=0.5,
+                                     clamped_count=Randint([3], "int64", 0, 1)),
                 Sample("one group per row", 300, [Randn(["T", 2 * 7168], "bfloat16"), "e4m3", 7168]),
                 Sample("fp32, column-major sf", 500, [Randn(["T", 2048], "float32"), "e4m3", 128],
                        {"use_tma_aligned_col_major_sf": True}),
