@@ -26,3 +26,33 @@ def test_signature_matches_upstream(op):
     mine = _strip(inspect.signature(getattr(getattr(ours, module), name)))
     assert mine[: len(upstream)] == upstream, f"{op}: {mine} vs upstream {upstream}"
     assert all(kind is inspect.Parameter.KEYWORD_ONLY for _, kind, _ in mine[len(upstream):])
+
+
+
+# TileKernels' modeling modules and the public functions each one holds
+MODELING = {
+    "modeling.mhc.functional": ("expand_from_embedding", "mhc_pre", "mhc_head"),
+    "modeling.mhc.ops.expand": ("expand_to_mhc",),
+    "modeling.mhc.ops.head_compute_mix": ("mhc_head_compute_mix",),
+    "modeling.mhc.ops.multilayer_recompute": ("mhc_multilayer_recompute",),
+    "modeling.mhc.ops.norm_fn": ("mhc_pre_norm_fn",),
+    "modeling.mhc.ops.post": ("mhc_post", "mhc_post_fwd", "mhc_post_bwd"),
+    "modeling.mhc.ops.pre_apply_mix": ("mhc_pre_apply_mix",),
+    "modeling.mhc.ops.pre_big_fuse": ("mhc_pre_big_fuse",),
+    "modeling.mhc.ops.pre_split_mixes": ("mhc_pre_split_mixes",),
+    "modeling.mhc.ops.sinkhorn": ("sinkhorn_normalize",),
+}
+
+
+@pytest.mark.parametrize("path", sorted(MODELING))
+def test_modeling_functions_are_at_upstreams_paths(path):
+    """Each function of an upstream modeling module is at the same path here, with upstream's
+    parameter names first."""
+    import importlib
+
+    upstream = importlib.import_module(f"tile_kernels.{path}")
+    mine = importlib.import_module(f"tile_kernels_aot.{path}")
+    for name in MODELING[path]:
+        theirs = [p[0] for p in _strip(inspect.signature(getattr(upstream, name)))]
+        ours_ = [p[0] for p in _strip(inspect.signature(getattr(mine, name)))]
+        assert ours_[: len(theirs)] == theirs, f"{path}.{name}: {ours_} vs upstream {theirs}"

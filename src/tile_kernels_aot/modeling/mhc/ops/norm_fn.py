@@ -1,0 +1,62 @@
+"""``mhc_pre_norm_fn``: the RMS-normalised projection of the flattened streams."""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels_aot.modeling.mhc.ops._impl import impl
+
+
+class _MHCFnNormwMerge(torch.autograd.Function):
+    """``fn * normw`` (the RMSNorm weight folded into the projection)."""
+
+    @staticmethod
+    def forward(ctx, fn: torch.Tensor, normw: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(fn, normw)
+        return impl.mhc_fn_normw_merge(fn, normw)
+
+    @staticmethod
+    def backward(ctx, out_fn_grad: torch.Tensor):
+        fn, normw = ctx.saved_tensors
+        return impl.mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad)
+
+
+class MHCPreNormFn(torch.autograd.Function):
+    """RMS-normalised projection ``(x @ fn.T) * rsqrt(mean(x**2) + eps)``."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        fn: torch.Tensor,
+        norm_eps: float,
+        fuse_grad_acc: bool,
+        n_splits: int,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, fn)
+        ctx.norm_eps = norm_eps
+        return impl.mhc_pre_norm_fn(x, fn, None, norm_eps, fuse_grad_acc, n_splits)
+
+    @staticmethod
+    def backward(ctx, out_grad: torch.Tensor):
+        x, fn = ctx.saved_tensors
+        x_grad, fn_grad, _ = impl.mhc_pre_norm_fn_bwd(out_grad, x, fn, None, ctx.norm_eps)
+        return x_grad, fn_grad, None, None, None
+
+
+def mhc_pre_norm_fn(
+    residual: torch.Tensor,
+    mhc_fn: torch.Tensor,
+    mhc_norm_weight: torch.Tensor | None,
+    mhc_norm_eps: float,
+    fuse_grad_acc: bool = True,
+    n_splits: int = 16,
+) -> torch.Tensor:
+    """Differentiable :func:`tile_kernels_aot.torch.mhc.mhc_pre_norm_fn`.
+
+    ``fuse_grad_acc`` and ``n_splits`` are accepted for compatibility and do not
+    change results (see the module docstring).
+    """
+    if mhc_norm_weight is not None:
+        mhc_fn = _MHCFnNormwMerge.apply(mhc_fn, mhc_norm_weight)
+    return MHCPreNormFn.apply(residual, mhc_fn, mhc_norm_eps, fuse_grad_acc, n_splits)
