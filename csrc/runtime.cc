@@ -364,9 +364,12 @@ bool quantized_arg(const char* op, const char* name, PyObject* obj, bool plain, 
     if (PyTuple_GET_SIZE(obj) != 2)
       return type_error(op, "%s must be a (data, sf) pair%s, got a tuple of %zd", name, plain ? " or a tensor" : "",
                         PyTuple_GET_SIZE(obj));
+    if (!tensor_arg(op, name, PyTuple_GET_ITEM(obj, 0), false, data)) return false;
+    if (tensor_arg(op, name, PyTuple_GET_ITEM(obj, 1), false, sf)) return true;
+    // the sf's own name only on failure (no string built per call): ask again for the message
+    PyErr_Clear();
     std::string sf_name = std::string(name) + "'s sf";
-    return tensor_arg(op, name, PyTuple_GET_ITEM(obj, 0), false, data) &&
-           tensor_arg(op, sf_name.c_str(), PyTuple_GET_ITEM(obj, 1), false, sf);
+    return tensor_arg(op, sf_name.c_str(), PyTuple_GET_ITEM(obj, 1), false, sf);
   }
   if (!plain) return type_error(op, "%s must be a (data, sf) pair, got %s", name, Py_TYPE(obj)->tp_name);
   sf->present = false;

@@ -155,6 +155,22 @@ class Rand:
 
 
 @dataclass(frozen=True)
+class Quantized:
+    """A pre-quantized ``(data, sf)`` pair for a :class:`QuantizedTensor` parameter: a
+    standard-normal bfloat16 ``shape`` tensor (``"T"`` for the token count) cast by the
+    reference ``per_block_cast`` to ``fmt`` (``'e4m3'`` or ``'e2m1'``) with ``block`` =
+    ``(bm, bk)`` and the given sf form, so data and factors agree as a caller's would."""
+
+    shape: Sequence
+    fmt: str
+    block: Sequence[int]
+    use_tma_aligned_col_major_sf: bool = False
+    round_sf: bool = False
+    use_packed_ue8m0: bool = False
+    kind: str = "quantized"
+
+
+@dataclass(frozen=True)
 class Routing:
     """A sample's MoE routing: ``topk_idx`` ``[T, num_topk]`` int64 with distinct experts per
     token drawn uniformly from ``[0, num_experts * ep_ranks)``, the entries of other ranks'
@@ -187,7 +203,8 @@ class Routed:
 @dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
-    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`), at ``tokens``
+    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`, pairs as
+    :class:`Quantized`), at ``tokens``
     tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"`` extents
     come from.  The tests run every sample bit-exact against the reference; the bench times
     them."""

@@ -3,7 +3,8 @@
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
 shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
-layout) and dtype, or as one tensor of the sample's routing (``routed``).
+layout) and dtype, or as one tensor of the sample's routing (``routed``); a pre-quantized
+``(data, sf)`` pair as ``quantized`` (the reference ``per_block_cast`` of a normal tensor).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def reference(record: dict):
 
 
 def _is_tensor_spec(value) -> bool:
-    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "routed")
+    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "routed", "quantized")
 
 
 def fused_rows(routing: dict, tokens: int) -> int:
@@ -64,11 +65,24 @@ def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> di
     return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping)), "rows": mapping[0].shape[0]}
 
 
+def _quantized_pair(spec: dict, shape: list, gen, device, empty: bool) -> tuple:
+    """``(data, sf)``: the reference per_block_cast of a normal bf16 tensor (of zeros when
+    only shapes matter)."""
+    from tile_kernels_aot.torch.quant import per_block_cast
+
+    x = torch.zeros(shape, device=device) if empty else torch.randn(shape, generator=gen, device=device)
+    return per_block_cast(x.to(torch.bfloat16), spec["fmt"], tuple(spec["block"]),
+                          use_tma_aligned_col_major_sf=spec["use_tma_aligned_col_major_sf"],
+                          round_sf=spec["round_sf"], use_packed_ue8m0=spec["use_packed_ue8m0"])
+
+
 def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
     if spec["kind"] == "routed":
         return routed[spec["field"]].clone()
     extents = {"T": tokens, "P": routed.get("rows")}
     shape = [extents[d] if d in extents else int(d) for d in spec["shape"]]
+    if spec["kind"] == "quantized":
+        return _quantized_pair(spec, shape, gen, device, empty)
     dtype = getattr(torch, spec["dtype"])
     if empty:  # shapes and dtypes only (argument checks, config lookup)
         return torch.empty(shape, dtype=dtype, device=device)
@@ -107,6 +121,8 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
     for name, v in list(zip(names, args)) + list(kwargs.items()):
         if isinstance(v, torch.Tensor):
             tensors[name] = v
+        elif isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
+            tensors[name], tensors[name + "_sf"] = v  # a (data, sf) pair
     tensors.update(outs)
     if record["bytes"]:
         return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))

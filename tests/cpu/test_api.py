@@ -144,7 +144,7 @@ def test_bad_input_is_rejected_before_launch():
     _raises(ValueError, r"moe.topk_gate: scores must be a CUDA tensor", moe.topk_gate, s, 2)
     x = torch.randn(4, 2048).bfloat16()
     _raises(ValueError, r"quant.per_token_cast: fmt must be one of", quant.per_token_cast, x, "e9m9", 128)
-    _raises(ValueError, r"quant.per_token_cast: x_block_size is not supported", quant.per_token_cast, x, "e4m3", 128, (1, 128))
+    _raises(ValueError, r"quant.per_token_cast: x_block_size is only meaningful for a pre-quantized", quant.per_token_cast, x, "e4m3", 128, (1, 128))
     _raises(TypeError, r"quant.per_token_cast: x must have dtype", quant.per_token_cast, x.half(), "e4m3", 128)
     _raises(ValueError, r"transpose.transpose: x must be 2-D", transpose.transpose, torch.randn(64, 64, 64))
 

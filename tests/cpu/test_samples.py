@@ -43,3 +43,20 @@ def test_routed_shapes_without_data():
     assert topk_idx.shape == (7, 6) and topk_idx.dtype == torch.int64
     assert token_topk_to_pos.shape == (7, 6) and token_topk_to_pos.dtype == torch.int32
     assert kwargs["pos_to_expert"].shape == (7 * 6 + 32 * 3,) and kwargs["rows"].shape == (7 * 6 + 32 * 3, 8)
+
+
+def test_quantized_pair_sample():
+    """A Quantized spec gives a (data, sf) pair from the reference per_block_cast, in the sf
+    form asked for, and bytes_moved counts both tensors."""
+    from kernels_tl.schema import Quantized, Sample, to_json
+
+    spec = Quantized(["T", 256], "e2m1", (32, 32), True, True, True)
+    sample = to_json(Sample("pair", 5, [spec, "e4m3", 32], {"x_block_size": (32, 32)}))
+    (pair, fmt, npc), kwargs = samples.make_args(sample, 70, torch.Generator().manual_seed(0), "cpu")
+    data, sf = pair
+    assert data.dtype == torch.int8 and data.shape == (70, 128)
+    assert sf.dtype == torch.int32 and sf.shape == (3, 2) and sf.stride() == (1, 4)
+    record = {"params": [{"name": "x"}, {"name": "fmt"}, {"name": "num_per_channels"}], "bytes": None}
+    assert samples.bytes_moved(record, [pair, fmt, npc], {}, {}) == data.nbytes + sf.nbytes
+    (empty_pair, _, _), _ = samples.make_args(sample, 1, device="cpu", empty=True)
+    assert empty_pair[0].shape == (1, 128) and empty_pair[1].shape == (1, 2)

@@ -9,7 +9,10 @@ from tile_kernels_aot.torch import quant as ref
 
 from checks import assert_bits_equal, poisoned, prebuilt_configs
 
-CONFIGS = prebuilt_configs("quant.per_token_cast")
+ALL_CONFIGS = prebuilt_configs("quant.per_token_cast")
+QUANTIZED_INPUTS = ("float8_e4m3fn", "int8")
+CONFIGS = [c for c in ALL_CONFIGS if c["in_dtype"] not in QUANTIZED_INPUTS]
+QUANTIZED_CONFIGS = [c for c in ALL_CONFIGS if c["in_dtype"] in QUANTIZED_INPUTS]
 HIDDEN = [576, 2048, 2560, 3072, 4096, 6144, 7168]
 # (use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 SF_FORMS = [(False, False, False), (False, True, False), (True, False, False), (True, True, False), (True, True, True)]
@@ -35,7 +38,7 @@ def test_matches_reference(config, sf_form, gen):
     col, round_sf, packed = sf_form
     for hidden in HIDDEN:
         npc = hidden if config["group"] == 0 else config["group"]
-        if config["fmt"] == "e2m1" and hidden % 2:
+        if config["fmt"] == "e2m1" and hidden % 2 or config["fmt"] == "e5m6" and hidden % 8:
             continue
         for n, pad in ((1, 0), (67, 64), (300, 0)):
             x = _input(n, hidden, config["in_dtype"], gen, row_pad=pad)
@@ -63,3 +66,25 @@ def test_matches_reference(config, sf_form, gen):
                     cast = quant.per_token_cast_with_precomputed_sf(x, config["fmt"], npc, expected_sf, round_sf=round_sf)
                     want = ref.per_token_cast_with_precomputed_sf(x, config["fmt"], npc, expected_sf, round_sf=round_sf)
                     assert_bits_equal(cast, want, what + " precomputed sf")
+
+
+@pytest.mark.parametrize("config", QUANTIZED_CONFIGS, ids=_ids)
+@pytest.mark.parametrize("sf_form", [(False, True, False), (True, True, True), (False, False, False), (True, False, False)],
+                         ids=lambda f: "col{:d}-round{:d}-ue8m0{:d}".format(*f))
+def test_pre_quantized_matches_reference(config, sf_form, gen):
+    """(data, sf) inputs made by the reference per_block_cast in the same sf form (as upstream's
+    test makes them), every group size, both x_block_size of upstream's test."""
+    col, round_sf, packed = sf_form
+    in_fmt = "e4m3" if config["in_dtype"] == "float8_e4m3fn" else "e2m1"
+    kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=round_sf, use_packed_ue8m0=packed)
+    for hidden in HIDDEN:
+        for n in (1, 67, 300):
+            for block in ((128, 128), (32, 32)):
+                x = _input(n, hidden, "bfloat16", gen).contiguous()
+                pair = ref.per_block_cast(x, in_fmt, block, **kwargs)
+                for npc in (16, 32, 64, 128):
+                    what = f"{_ids(config)} hidden={hidden} n={n} block={block} npc={npc} {sf_form}"
+                    expected, expected_sf = ref.per_token_cast(pair, config["fmt"], npc, x_block_size=block, **kwargs)
+                    got, got_sf = quant.per_token_cast(pair, config["fmt"], npc, x_block_size=block, **kwargs)
+                    assert_bits_equal(got, expected, what + " out")
+                    assert_bits_equal(got_sf, expected_sf, what + " sf")

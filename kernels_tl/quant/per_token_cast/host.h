@@ -1,48 +1,104 @@
 // quant.per_token_cast, _with_sf_only, _with_precomputed_sf: host side (interface: tka/host.h).
 #pragma once
 
+#include <type_traits>
+
 #include "args.h"
 
 namespace tka::quant_per_token_cast {
 
 struct Plan {
   int64_t num_tokens, hidden;
-  int64_t piece;       // elements per 16-byte load
-  int64_t group;       // the static config: 32, 64, 128, or 0 for one group per row
+  int64_t piece;       // elements per piece (plain: one 16-byte load, e5m6: 8; pre-quantized: 16)
+  int64_t group;       // the static config: 16, 32, 64, 128, or 0 (one group per row, or pre-quantized)
+  int64_t npc;         // num_per_channels
   int64_t num_groups;  // scale factors per row
   int64_t sf_cols;     // columns of out_sf (packed UE8M0: words of 4 factors)
-  bool e4m3;
+  DType out_dtype;     // E4M3, I8 (packed e2m1) or U8 (packed e5m6)
+  bool quantized;      // x is a (data, sf) pair
+  bool x_sf_packed;    // its factors are packed UE8M0 words
 };
 
 enum class Variant { kCast, kSfOnly, kPrecomputedSf };
 
+// A pre-quantized (data, sf) x: its checks and dims.
+template <typename A>
+bool plan_quantized(const char* op, const A& a, Variant variant, Plan& p) {
+  TKA_CHECK(variant == Variant::kCast, "x", "as a pre-quantized (data, sf) pair is supported by per_token_cast only");
+  TKA_CHECK(!a.x_block_size_is_none, "x_block_size", "is required when x is a (data, sf) pair");
+  TKA_CHECK(a.fmt != "e5m6", "fmt", "'e5m6' takes a plain bfloat16/float32 x");
+  const int64_t bm = a.x_block_size[0], bk = a.x_block_size[1];
+  TKA_CHECK(bm > 0 && bk > 0 && bk % 16 == 0, "x_block_size",
+            "must be positive with x_block_size[1] a multiple of 16, got (%lld, %lld)", static_cast<long long>(bm),
+            static_cast<long long>(bk));
+  const int64_t npc = a.num_per_channels;
+  TKA_CHECK(npc == 16 || npc == 32 || npc == 64 || npc == 128, "num_per_channels",
+            "must be 16, 32, 64 or 128 for a pre-quantized x, got %lld", static_cast<long long>(npc));
+  const bool e4m3_in = a.x.dtype == E4M3;
+  p.hidden = a.x.shape[1] * (e4m3_in ? 1 : 2);
+  p.piece = 16;
+  TKA_CHECK(p.hidden % 16 == 0, "x", "data must hold a multiple of 16 values per row, got %lld",
+            static_cast<long long>(p.hidden));
+  const int64_t piece_bytes = e4m3_in ? 16 : 8;
+  TKA_CHECK(p.num_tokens <= 1 || a.x.stride[0] % piece_bytes == 0, "x.stride(0)",
+            "of the data must be a multiple of 16 (e4m3) or 8 (packed e2m1) bytes");
+  TKA_CHECK(aligned(a.x.data, 16), "x", "data must start 16-byte aligned");
+  const int64_t blocks = ceil_div(p.hidden, bk);
+  p.x_sf_packed = a.x_sf.dtype == I32;
+  const int64_t want_rows = ceil_div(p.num_tokens, bm), want_cols = p.x_sf_packed ? ceil_div(blocks, 4) : blocks;
+  TKA_CHECK(a.x_sf.ndim == 2 && a.x_sf.shape[0] == want_rows && a.x_sf.shape[1] == want_cols, "x's sf",
+            "must have shape [ceil(T / bm), %s] = [%lld, %lld] for x_block_size (%lld, %lld)",
+            p.x_sf_packed ? "ceil(ceil(H / bk) / 4) (packed UE8M0)" : "ceil(H / bk)", static_cast<long long>(want_rows),
+            static_cast<long long>(want_cols), static_cast<long long>(bm), static_cast<long long>(bk));
+  TKA_CHECK(a.x_sf.stride[0] < 2147483647 && a.x_sf.stride[1] < 2147483647 &&
+                (want_rows == 0 || (want_rows - 1) * a.x_sf.stride[0] + (want_cols - 1) * a.x_sf.stride[1] < 2147483647),
+            "x's sf", "is too large for 32-bit offsets");
+  p.group = 0;  // the group size is a run-time value of this kernel
+  return true;
+}
+
 // The checks and dims the three ops share (`A` is the op's Args).
 template <typename A>
 bool plan_cast(const char* op, const A& a, Variant variant, Plan& p, Config& c) {
-  TKA_CHECK(!a.x_sf.present, "x", "as a pre-quantized (data, sf) pair is not supported by this build");
-  TKA_CHECK(a.x_block_size_is_none, "x_block_size", "is not supported by this build (pre-quantized inputs are not prebuilt)");
-  TKA_CHECK(a.fmt != "e5m6", "fmt", "'e5m6' is not supported by this build (only 'e4m3' and 'e2m1')");
   const int64_t npc = a.num_per_channels;
-  p.num_tokens = a.x.shape[0];
-  p.hidden = a.x.shape[1];
-  p.piece = a.x.dtype == BF16 ? 8 : 4;
-  p.e4m3 = a.fmt == "e4m3";
-  const bool grouped = npc == 32 || npc == 64 || npc == 128;
   TKA_CHECK(npc > 0, "num_per_channels", "must be positive, got %lld", static_cast<long long>(npc));
-  TKA_CHECK(grouped || (npc == p.hidden && p.hidden % 64 == 0), "num_per_channels",
-            "must be 32, 64, 128, or hidden (one group per row, hidden %% 64 == 0); 16 is not supported by this build; "
-            "got %lld", static_cast<long long>(npc));
-  TKA_CHECK(variant == Variant::kCast || npc != p.hidden, "num_per_channels",
-            "== hidden (one group per row) is not supported by this op");
-  p.group = grouped ? npc : 0;
+  const bool e5m6 = a.fmt == "e5m6";
+  TKA_CHECK(!e5m6 || variant == Variant::kCast, "fmt", "'e5m6' is supported by per_token_cast only");
+  p.num_tokens = a.x.shape[0];
+  p.npc = npc;
+  p.quantized = a.x_sf.present;
+  p.x_sf_packed = false;
+  p.out_dtype = a.fmt == "e4m3" ? E4M3 : e5m6 ? U8 : I8;
+  if (p.quantized) {
+    if (!plan_quantized(op, a, variant, p)) return false;
+  } else {
+    TKA_CHECK(a.x_block_size_is_none, "x_block_size", "is only meaningful for a pre-quantized (data, sf) x");
+    p.hidden = a.x.shape[1];
+    const bool grouped = !e5m6 && (npc == 16 || npc == 32 || npc == 64 || npc == 128);
+    if (e5m6) {
+      TKA_CHECK(npc == p.hidden && p.hidden % 8 == 0, "num_per_channels",
+                "must equal hidden (one group per row, hidden %% 8 == 0) for 'e5m6', got %lld for hidden %lld",
+                static_cast<long long>(npc), static_cast<long long>(p.hidden));
+    } else {
+      TKA_CHECK(grouped || (npc == p.hidden && p.hidden % 64 == 0), "num_per_channels",
+                "must be 16, 32, 64, 128, or hidden (one group per row, hidden %% 64 == 0); got %lld",
+                static_cast<long long>(npc));
+    }
+    TKA_CHECK(variant == Variant::kCast || npc != p.hidden, "num_per_channels",
+              "== hidden (one group per row) is not supported by this op");
+    const int64_t load = a.x.dtype == BF16 ? 8 : 4;  // elements per 16-byte load
+    p.piece = e5m6 ? 8 : load;
+    p.group = grouped ? npc : 0;
+    TKA_CHECK(p.hidden % p.piece == 0, "x",
+              "must have a hidden size divisible by %lld here: rows are read in whole pieces", static_cast<long long>(p.piece));
+    TKA_CHECK(p.num_tokens <= 1 || a.x.stride[0] % load == 0, "x.stride(0)",
+              "must be a multiple of 8 (bfloat16) or 4 (float32): rows must start 16-byte aligned");
+    TKA_CHECK(aligned(a.x.data, 16), "x", "must start 16-byte aligned");
+    TKA_CHECK(p.group != 0 || p.hidden <= 8192, "x", "must have hidden <= 8192 for one group per row (num_per_channels == hidden)");
+  }
+  TKA_CHECK(p.out_dtype != I8 || p.hidden % 2 == 0, "x", "must have an even hidden size for 'e2m1'");
   p.num_groups = ceil_div(p.hidden, npc);
   p.sf_cols = a.use_packed_ue8m0 ? ceil_div(p.num_groups, 4) : p.num_groups;
-  TKA_CHECK(p.hidden % p.piece == 0, "x",
-            "must have a hidden size divisible by 8 (bfloat16) or 4 (float32): rows are read in 16-byte pieces");
-  TKA_CHECK(p.num_tokens <= 1 || a.x.stride[0] % p.piece == 0, "x.stride(0)",
-            "must be a multiple of 8 (bfloat16) or 4 (float32): rows must start 16-byte aligned");
-  TKA_CHECK(aligned(a.x.data, 16), "x", "must start 16-byte aligned");
-  TKA_CHECK(p.group != 0 || p.hidden <= 8192, "x", "must have hidden <= 8192 for one group per row (num_per_channels == hidden)");
   if (variant == Variant::kPrecomputedSf) {
     TKA_CHECK(!a.use_tma_aligned_col_major_sf && !a.use_packed_ue8m0, "sf",
               "must be row-major float32 (use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False)");
@@ -58,7 +114,8 @@ bool plan_cast(const char* op, const A& a, Variant variant, Plan& p, Config& c) 
 }
 
 inline void data_output(const Plan& p, OutSpec& s) {
-  dense_output(s, p.e4m3 ? E4M3 : I8, {p.num_tokens, p.e4m3 ? p.hidden : p.hidden / 2});
+  const int64_t cols = p.out_dtype == E4M3 ? p.hidden : p.out_dtype == I8 ? p.hidden / 2 : p.hidden / 2 * 3;
+  dense_output(s, p.out_dtype, {p.num_tokens, cols});
 }
 
 // fp32 [T, groups] row-major; or column-major with the token dim padded to 16 bytes; packed
@@ -75,13 +132,34 @@ void sf_output(const A& a, const Plan& p, OutSpec& s) {
 inline bool launch_needed(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
 // Threads per row: the slots of a row (packed UE8M0: whole words of 4 groups) times lanes per
-// slot, or, one group per row, the next power of two >= hidden / 32.
+// slot, or, one group per row, the next power of two >= hidden / 32; pre-quantized: one lane
+// per 16 values, padded to whole groups (packed: whole words of 4 groups).
 inline int64_t lanes_per_row(const Plan& p, const Constants& k, bool packed) {
+  if (p.quantized) return align_up(p.hidden / 16, (packed ? 4 : 1) * (p.npc / 16));
   if (p.group != 0)
     return ceil_div(packed ? align_up(p.num_groups, 4) : p.num_groups, k.groups_per_lane) * k.lanes_per_group;
   int64_t n = 1;
   while (n < ceil_div(p.hidden, 32)) n *= 2;
   return n;
+}
+
+// The pre-quantized kernel's own parameters (present in KernelArgs when a build has one of its configs).
+template <typename K, typename = void>
+struct HasQuantizedInput : std::false_type {};
+template <typename K>
+struct HasQuantizedInput<K, std::void_t<decltype(&K::x_sf)>> : std::true_type {};
+
+template <typename A, typename K>
+void quantized_args(const A& a, const Plan& p, K& k) {
+  if constexpr (HasQuantizedInput<K>::value) {
+    k.x_sf = a.x_sf.present ? a.x_sf.data : nullptr;
+    k.group_pieces = p.npc / 16;
+    k.block_rows = a.x_sf.present ? a.x_block_size[0] : 1;
+    k.block_pieces = a.x_sf.present ? a.x_block_size[1] / 16 : 1;
+    k.x_sf_row_stride = a.x_sf.present ? a.x_sf.stride[0] : 0;
+    k.x_sf_col_stride = a.x_sf.present ? a.x_sf.stride[1] : 0;
+    k.x_sf_packed = p.x_sf_packed ? 1 : 0;
+  }
 }
 
 // The kernel's parameters: `out` (nullptr: not written), and the factors `sf` it writes or,
@@ -90,13 +168,15 @@ template <typename A>
 bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, KernelArgs& k, void* out, void* sf,
                int64_t sf_row_stride, int64_t sf_col_stride, bool read_sf) {
   const int64_t lanes = lanes_per_row(p, c, a.use_packed_ue8m0);
-  TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 256, "x", "has too many rows for one launch");
+  TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 4096, "x", "has too many rows for one launch");
   k.x = a.x.data;
   k.out = out;
   k.sf = sf;
   k.num_tokens = p.num_tokens;
   k.row_pieces = p.hidden / p.piece;
-  k.x_stride = p.num_tokens > 1 ? a.x.stride[0] : p.hidden;
+  // elements between rows (pre-quantized: 32-bit words of the data)
+  const int64_t row_stride = p.num_tokens > 1 ? a.x.stride[0] : a.x.shape[1];
+  k.x_stride = p.quantized ? row_stride / 4 : row_stride;
   k.lanes_per_row = lanes;
   k.num_groups = p.num_groups;
   k.sf_row_stride = sf_row_stride;
@@ -105,6 +185,7 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
   k.packed_sf = a.use_packed_ue8m0 ? 1 : 0;
   k.write_out = out != nullptr;
   k.read_sf = read_sf;
+  quantized_args(a, p, k);
   return true;
 }
 

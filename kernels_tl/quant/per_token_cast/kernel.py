@@ -37,9 +37,21 @@ cross-warp max of one group per row).
 * e2m1: sm_100a's ``cvt.rn.satfinite.e2m1x2.f32``; elsewhere a branch-free count
   of rounding boundaries (bit-identical), chosen from the current TVM target.
 
-Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1)
-x ``group`` (32, 64, 128, 0): 16 configs.  bf16 -> e4m3, 8192 x 7168, groups of
-128: 42.5 us device time on an H200, 99% of its copy bandwidth (``notes.md``).
+e5m6 (one group per row): a piece is 8 values (two 16-byte loads of fp32); each value's
+12-bit code is the half rounded toward zero (``cvt.rz.f16.f32``), its top 12 bits, plus the
+reference's rounding step on the float32 bits; eight codes pack into three words.
+
+Pre-quantized ``(q, s_in)`` (``_quantized_input_kernel``): one lane per 16 values (16 e4m3
+bytes or 8 e2m1 bytes), 4 or 8 pieces per thread ``THREADS`` apart, groups of 1-8 lanes at run
+time.  ``max |q * s_in|`` of a piece is the largest magnitude code (byte-wise ``vmaxu4``)
+decoded and times ``|s_in|`` (``fl(|q| |s|)`` grows with ``|q|``), NaN for ``0 * inf``; the codes
+are ``encode(q * (s_in * sf_inv))`` per value.
+
+Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1) x ``group``
+(16, 32, 64, 128, 0); bfloat16/float32 x e5m6 x 0; pre-quantized float8_e4m3fn/int8 x
+e4m3/e2m1 x 0: 26 configs.  bf16 -> e4m3, 8192 x 7168, groups of 128: 42.5 us device time on an
+H200, 99% of its copy bandwidth (``notes.md``); the group-16, e5m6 and pre-quantized paths are
+not yet measured on the GPU.
 """
 
 from tilelang import language as T
@@ -64,9 +76,11 @@ PASS_CONFIGS = {
     "tl.disable_safe_memory_legalize": True,
 }
 
-_MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0}
-_CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
+_MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}
+_CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126, "e5m6": 1e-4}
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
+# pre-quantized inputs (data, sf): e4m3 bytes or e2m1 nibbles packed two per int8
+QUANTIZED_INPUTS = ("float8_e4m3fn", "int8")
 
 
 def _group_layout(in_dtype: str, group: int):
@@ -74,7 +88,7 @@ def _group_layout(in_dtype: str, group: int):
     per group, groups per thread.  TPG >= 2 keeps every load sector-complete."""
     piece = 16 // _IN_BYTES[in_dtype]
     pieces_per_group = group // piece
-    tpg = 4 if group == 128 else 2
+    tpg = 4 if group == 128 else 2  # group 16: 2 lanes of one bf16 piece (or two fp32 pieces) each
     ppt = pieces_per_group // tpg
     rounds = PIECES_PER_THREAD[in_dtype] // ppt
     assert tpg * ppt == pieces_per_group and rounds * ppt == PIECES_PER_THREAD[in_dtype] and 4 % rounds == 0
@@ -110,9 +124,147 @@ def _e2m1_nibble(v):
     return code | sign
 
 
+# Device helpers of the e5m6 encoding and of the pre-quantized-input kernel (CUDA, imported
+# into the kernel source).  Products are __fmul_rn: one rounding, never contracted.
+CAST_SOURCE = r"""
+// e5m6 code of a float32 value as the reference rounds it: the half rounded toward zero
+// (IEEE; NaN 0x7FFF, overflow to 0x7BFF), its top 12 bits, then a round-to-nearest-even
+// step taken on the float32 bits.
+__device__ __forceinline__ unsigned tka_e5m6_code(float v) {
+  unsigned short h;
+  asm("cvt.rz.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  unsigned code = (unsigned)h >> 4;
+  code += (((code & 1u) + (__float_as_uint(v) & 0x1FFFFu)) > 0x10000u) ? 1u : 0u;
+  return code & 0xFFFu;
+}
+// Two e4m3 codes (low byte first) -> float32, exactly; code 0x7F / 0xFF is NaN.
+__device__ __forceinline__ float2 tka_e4m3x2_values(unsigned pair) {
+  unsigned h;
+  unsigned short p16 = (unsigned short)(pair & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(p16));
+  float lo, hi;
+  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;}"
+      : "=f"(lo), "=f"(hi) : "r"(h));
+  return make_float2(lo, hi);
+}
+// Four float32 values -> four e4m3 codes (first value in the low byte), RNE, saturating
+// to +-448, NaN -> 0x7F.
+__device__ __forceinline__ unsigned tka_e4m3x4_codes(float v0, float v1, float v2, float v3) {
+  unsigned short lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
+  return (unsigned)lo | ((unsigned)hi << 16);
+}
+// FP4 value of a nibble: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are 0.5 x the 4-bit fields
+// of 0xC8643210; the nibble's bit 3 is the sign (nibble 8 is -0).
+__device__ __forceinline__ float tka_e2m1_value(unsigned n) {
+  float m = __fmul_rn(__uint2float_rn((0xC8643210u >> ((n & 7u) * 4u)) & 0xFu), 0.5f);
+  return __uint_as_float(__float_as_uint(m) | ((n & 8u) << 28));
+}
+// FP4 nibble of a float32 value: round to nearest even, saturating at 6; the magnitude is
+// the number of rounding boundaries at or below |v| (a tie goes to the even code), the sign
+// bit is the float's.
+__device__ __forceinline__ unsigned tka_e2m1_nibble(float v) {
+  float a = fabsf(v);
+  unsigned code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return code | ((__float_as_uint(v) >> 28) & 8u);
+}
+// max |q_i * s| of a piece as the reference takes it element by element (NaN-keeping):
+// fl(|q| |s|) grows with |q|, so it is the largest magnitude code times |s|, except that
+// 0 * inf is NaN.  `mag_max`: the largest magnitude code; `has_zero`: a zero magnitude.
+__device__ __forceinline__ float tka_piece_amax(float q_max, float s, bool has_zero) {
+  float a = __fmul_rn(q_max, fabsf(s));
+  return (isinf(s) && has_zero) ? __uint_as_float(0x7FFFFFFFu) : a;
+}
+__device__ __forceinline__ unsigned tka_bytes_max(unsigned m) {
+  m = __vmaxu4(m, m >> 16);
+  return __vmaxu4(m, m >> 8) & 0xFFu;
+}
+// 16 e4m3 codes in four words
+__device__ __forceinline__ float tka_e4m3_piece_amax(unsigned w0, unsigned w1, unsigned w2, unsigned w3, float s) {
+  const unsigned k = 0x7F7F7F7Fu;
+  unsigned m = tka_bytes_max(__vmaxu4(__vmaxu4(w0 & k, w1 & k), __vmaxu4(w2 & k, w3 & k)));
+  bool zero = (__vcmpeq4(w0 & k, 0u) | __vcmpeq4(w1 & k, 0u) | __vcmpeq4(w2 & k, 0u) | __vcmpeq4(w3 & k, 0u)) != 0u;
+  return tka_piece_amax(tka_e4m3x2_values(m).x, s, zero);
+}
+__device__ __forceinline__ bool tka_has_zero_nibble(unsigned w) {
+  unsigned x = w & 0x77777777u;  // magnitudes; a nibble borrows into its top bit only when it (or one below) is 0
+  return ((x - 0x11111111u) & 0x88888888u) != 0u;
+}
+// 16 e2m1 nibbles in two words
+__device__ __forceinline__ float tka_e2m1_piece_amax(unsigned w0, unsigned w1, float s) {
+  const unsigned k = 0x07070707u;
+  unsigned m = tka_bytes_max(__vmaxu4(__vmaxu4(w0 & k, (w0 >> 4) & k), __vmaxu4(w1 & k, (w1 >> 4) & k)));
+  return tka_piece_amax(tka_e2m1_value(m), s, tka_has_zero_nibble(w0) || tka_has_zero_nibble(w1));
+}
+// Re-encoding q_i * f: four e4m3 codes -> four e4m3 codes
+__device__ __forceinline__ unsigned tka_e4m3_to_e4m3(unsigned w, float f) {
+  float2 a = tka_e4m3x2_values(w), b = tka_e4m3x2_values(w >> 16);
+  return tka_e4m3x4_codes(__fmul_rn(a.x, f), __fmul_rn(a.y, f), __fmul_rn(b.x, f), __fmul_rn(b.y, f));
+}
+// eight e4m3 codes (two words) -> eight e2m1 nibbles
+__device__ __forceinline__ unsigned tka_e4m3_to_e2m1(unsigned w0, unsigned w1, float f) {
+  unsigned r = 0u;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 v = tka_e4m3x2_values((i < 2 ? w0 : w1) >> (16 * (i & 1)));
+    r |= (tka_e2m1_nibble(__fmul_rn(v.x, f)) | (tka_e2m1_nibble(__fmul_rn(v.y, f)) << 4)) << (8 * i);
+  }
+  return r;
+}
+// eight e2m1 nibbles -> eight e2m1 nibbles
+__device__ __forceinline__ unsigned tka_e2m1_to_e2m1(unsigned w, float f) {
+  unsigned r = 0u;
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) r |= tka_e2m1_nibble(__fmul_rn(tka_e2m1_value(w >> (4 * i)), f)) << (4 * i);
+  return r;
+}
+// the low four e2m1 nibbles of `w` -> four e4m3 codes
+__device__ __forceinline__ unsigned tka_e2m1_to_e4m3(unsigned w, float f) {
+  return tka_e4m3x4_codes(__fmul_rn(tka_e2m1_value(w), f), __fmul_rn(tka_e2m1_value(w >> 4), f),
+                          __fmul_rn(tka_e2m1_value(w >> 8), f), __fmul_rn(tka_e2m1_value(w >> 12), f));
+}
+"""
+
+
+def _factor_macro(fmt: str):
+    """A macro computing group ``j``'s stored factor bits (``sf_bits``) and ``sf_inv`` from
+    its ``amax``, as the reference's ``scale_factors_from_amax``: ``c = max(amax, clamp)``,
+    ``sf = c / MAX``, ``sf_inv = MAX / c`` (IEEE divisions), or with ``round_sf`` powers of two
+    taken on the bits (a non-finite factor keeps its unrounded value; UE8M0 byte 0xFF)."""
+    max_value, clamp_min = _MAX_VALUE[fmt], _CLAMP_MIN[fmt]
+
+    @T.macro
+    def factors(amax, sf_bits, sf_inv, j, round_sf, packed_sf):
+        clamped = max_nan(amax[j], T.float32(clamp_min))  # a NaN amax stays NaN
+        sf_value = clamped / T.float32(max_value)
+        if round_sf != 0:
+            # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
+            biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+            finite = (T.reinterpret(sf_value, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
+            sf_bits[j] = T.if_then_else(
+                packed_sf != 0, T.if_then_else(finite, biased, T.uint32(0xFF)),
+                T.if_then_else(finite, biased << T.uint32(23), T.reinterpret(sf_value, T.uint32)))
+            sf_inv[j] = T.if_then_else(finite, T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32),
+                                       T.float32(max_value) / clamped)
+        else:
+            sf_bits[j] = T.reinterpret(sf_value, T.uint32)
+            sf_inv[j] = T.float32(max_value) / clamped
+
+    return factors
+
+
 def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
-    assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 32, 64, 128)
-    piece = 16 // _IN_BYTES[in_dtype]  # elements per 16-byte load
+    if in_dtype in QUANTIZED_INPUTS:
+        assert group == 0, "pre-quantized inputs take the group size at run time (static group 0)"
+        return _quantized_input_kernel(in_dtype, fmt)
+    assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 16, 32, 64, 128)
+    e5m6 = fmt == "e5m6"
+    assert not e5m6 or group == 0, "e5m6 is one group per row"
+    # elements per piece: one 16-byte load; e5m6 pieces are 8 elements (the 12-byte code
+    # unit), two 16-byte loads of fp32
+    piece = 8 if e5m6 else 16 // _IN_BYTES[in_dtype]
+    load = 16 // _IN_BYTES[in_dtype]  # elements per load instruction
     per_row = group == 0
     npieces = ELEMS_PER_THREAD_ROW // piece if per_row else PIECES_PER_THREAD[in_dtype]  # pieces per thread
     if per_row:
@@ -121,12 +273,13 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
         tpg, ppt, rounds = _group_layout(in_dtype, group)
     pieces_per_group = None if per_row else group // piece
     slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
+    factors = _factor_macro(fmt)
 
-    max_value = _MAX_VALUE[fmt]
-    clamp_min = _CLAMP_MIN[fmt]
     hw_fp4 = fmt == "e2m1" and _has_fp4_convert()
     if fmt == "e4m3":
         out_dtype, out_width = T.float8_e4m3fn, piece
+    elif e5m6:
+        out_dtype, out_width = T.uint32, 3  # 8 codes of 12 bits in three words
     elif hw_fp4:
         out_dtype, out_width = T.float4_e2m1fn, piece  # TileLang packs two per byte
     else:
@@ -174,10 +327,10 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             # Rows start on 16-byte boundaries (checked by the host): every piece is one vector load.
-            T.assume(x_stride % piece == 0)
+            T.assume(x_stride % load == 0)
             T.assume(lanes_per_row > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(DEVICE_SOURCE + CAST_SOURCE)
 
             xv = T.alloc_local((npieces, piece), in_dtype)
             amax = T.alloc_local((rounds,), T.float32)
@@ -187,6 +340,8 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             sf_inv = T.alloc_local((rounds,), T.float32)
             sf_bits = T.alloc_local((rounds,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
             packed = T.alloc_local((out_width,), T.uint8)
+            if e5m6:
+                codes = T.alloc_local((piece,), T.uint32)
             word = T.alloc_var(T.uint32)
             if per_row:
                 warp_max = T.alloc_shared((THREADS // WARP,), T.float32, scope="shared")
@@ -204,8 +359,9 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             for j in T.unroll(rounds):
                 for k in T.unroll(ppt):
                     if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
-                        for u in T.vectorized(piece):
-                            xv[j * ppt + k, u] = x[row, piece_of(slot, lane, j, k, lanes_per_row), u]
+                        for h in T.unroll(piece // load):
+                            for u in T.vectorized(load):
+                                xv[j * ppt + k, h * load + u] = x[row, piece_of(slot, lane, j, k, lanes_per_row), h * load + u]
                     else:
                         for u in T.unroll(piece):
                             xv[j * ppt + k, u] = T.cast(0, in_dtype)
@@ -255,21 +411,7 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                             sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
                         sf_inv[j] = T.float32(1) / given
                 else:
-                    clamped = max_nan(amax[j], T.float32(clamp_min))  # a NaN amax stays NaN
-                    sf_value = clamped / T.float32(max_value)
-                    if round_sf != 0:
-                        # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
-                        biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                        # a NaN or infinite amax keeps the unrounded factors (UE8M0 byte 0xFF)
-                        finite = (T.reinterpret(sf_value, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
-                        sf_bits[j] = T.if_then_else(
-                            packed_sf != 0, T.if_then_else(finite, biased, T.uint32(0xFF)),
-                            T.if_then_else(finite, biased << T.uint32(23), T.reinterpret(sf_value, T.uint32)))
-                        sf_inv[j] = T.if_then_else(finite, T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32),
-                                                   T.float32(max_value) / clamped)
-                    else:
-                        sf_bits[j] = T.reinterpret(sf_value, T.uint32)
-                        sf_inv[j] = T.float32(max_value) / clamped
+                    factors(amax, sf_bits, sf_inv, j, round_sf, packed_sf)
 
             # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
             if read_sf == 0:
@@ -295,7 +437,17 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                 for j in T.unroll(rounds):
                     for k in T.unroll(ppt):
                         if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
-                            if fmt == "e4m3" or hw_fp4:
+                            if e5m6:
+                                for u in T.unroll(piece):
+                                    codes[u] = T.call_extern(T.uint32, "tka_e5m6_code",
+                                                             T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j])
+                                # eight 12-bit codes, first in the high bits, in three words
+                                p_out = piece_of(slot, lane, j, k, lanes_per_row)
+                                out[row, p_out, 0] = (codes[0] << T.uint32(20)) | (codes[1] << T.uint32(8)) | (codes[2] >> T.uint32(4))
+                                out[row, p_out, 1] = ((codes[2] << T.uint32(28)) | (codes[3] << T.uint32(16))
+                                                      | (codes[4] << T.uint32(4)) | (codes[5] >> T.uint32(8)))
+                                out[row, p_out, 2] = (codes[5] << T.uint32(24)) | (codes[6] << T.uint32(12)) | codes[7]
+                            elif fmt == "e4m3" or hw_fp4:
                                 for u in T.vectorized(piece):
                                     out[row, piece_of(slot, lane, j, k, lanes_per_row), u] = T.cast(
                                         T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
@@ -310,10 +462,148 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     return per_token_cast
 
 
+# Pre-quantized input: a piece is 16 values (16 e4m3 bytes or 8 e2m1 bytes); a thread
+# handles QUANT_PIECES pieces, THREADS apart, so that every load instruction of a warp
+# covers contiguous whole sectors and 64 bytes per thread are in flight.
+QUANT_PIECES = {"float8_e4m3fn": 4, "int8": 8}
+QUANT_PIECE_VALUES = 16
+_QUANT_WORDS = {"float8_e4m3fn": 4, "int8": 2, "e4m3": 4, "e2m1": 2}  # 32-bit words per 16 values
+
+
+def _quantized_input_kernel(in_dtype: str, fmt: str):
+    """Re-quantize ``(q, s_in)`` per token: ``v = q * s_in`` (``s_in`` over ``x_block_size``
+    blocks, any sf form), ``amax`` per group of ``v``, factors as for a plain input, and
+    ``out = encode(q * (s_in * sf_inv))``.  The group size is a run-time value: a group is
+    ``group_pieces`` (1, 2, 4 or 8) consecutive lanes, one piece each."""
+    assert fmt in ("e4m3", "e2m1")
+    reps = QUANT_PIECES[in_dtype]
+    in_words, out_words = _QUANT_WORDS[in_dtype], _QUANT_WORDS[fmt]
+    factors = _factor_macro(fmt)
+
+    num_tokens = T.dynamic("num_tokens")
+    row_pieces = T.dynamic("row_pieces")  # hidden / 16
+    x_stride = T.dynamic("x_stride")  # 32-bit words between rows of the data
+    sf_words = T.dynamic("sf_words")
+    x_sf_words = T.dynamic("x_sf_words")
+
+    @T.prim_func
+    def per_token_cast_quantized(
+        x: T.StridedTensor[(num_tokens, row_pieces, in_words), (x_stride, in_words, 1), T.uint32],
+        x_sf: T.Tensor[(x_sf_words,), T.uint32],  # fp32 factors or packed UE8M0 words of the input
+        out: T.Tensor[(num_tokens, row_pieces, out_words), T.uint32],
+        sf: T.Tensor[(sf_words,), T.uint32],
+        lanes_per_row: T.int32,  # row_pieces padded to whole groups (packed: whole words of 4 groups)
+        group_pieces: T.int32,  # lanes (pieces) per group: 1, 2, 4 or 8
+        num_groups: T.int32,
+        sf_row_stride: T.int32,
+        sf_col_stride: T.int32,
+        round_sf: T.int32,
+        packed_sf: T.int32,
+        block_rows: T.int32,  # x_block_size[0]
+        block_pieces: T.int32,  # x_block_size[1] / 16
+        x_sf_row_stride: T.int32,
+        x_sf_col_stride: T.int32,
+        x_sf_packed: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * lanes_per_row, THREADS * reps), threads=THREADS) as bid:
+            wait_for_previous_grid()  # programmatic dependent launch
+            tid = T.get_thread_binding()
+            T.assume(x_stride % in_words == 0)
+            T.assume(lanes_per_row > 0)
+            T.assume(block_rows > 0)
+            T.assume(block_pieces > 0)
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
+            T.import_source(DEVICE_SOURCE + CAST_SOURCE)
+
+            w = T.alloc_local((reps, in_words), T.uint32)
+            s_in = T.alloc_local((reps,), T.float32)
+            amax = T.alloc_local((reps,), T.float32)
+            sf_inv = T.alloc_local((reps,), T.float32)
+            sf_bits = T.alloc_local((reps,), T.uint32)
+            rows = T.alloc_local((reps,), T.int32)
+            slots = T.alloc_local((reps,), T.int32)
+            sf_word = T.alloc_var(T.uint32)
+            part = T.alloc_var(T.uint32)
+
+            # ---- loads: every piece's data and input factor first
+            for r in T.unroll(reps):
+                flat = (bid * reps + r) * THREADS + tid
+                rows[r] = flat // lanes_per_row
+                slots[r] = flat - rows[r] * lanes_per_row
+                s_in[r] = T.float32(0)
+                if rows[r] < num_tokens and slots[r] < row_pieces:
+                    for u in T.vectorized(in_words):
+                        w[r, u] = x[rows[r], slots[r], u]
+                    block = slots[r] // block_pieces
+                    base = (rows[r] // block_rows) * x_sf_row_stride
+                    if x_sf_packed != 0:
+                        # UE8M0 byte b is 2**(b - 127) (b = 0: 0.0), as its float32 exponent field
+                        s_in[r] = T.reinterpret(
+                            ((x_sf[base + (block // 4) * x_sf_col_stride] >> T.Cast("uint32", 8 * (block % 4)))
+                             & T.uint32(0xFF)) << T.uint32(23), T.float32)
+                    else:
+                        s_in[r] = T.reinterpret(x_sf[base + block * x_sf_col_stride], T.float32)
+                else:
+                    for u in T.unroll(in_words):
+                        w[r, u] = T.uint32(0)
+
+            # ---- group max of |q * s_in| (pieces past a row's end add 0)
+            for r in T.unroll(reps):
+                amax[r] = T.float32(0)
+                if rows[r] < num_tokens and slots[r] < row_pieces:
+                    if in_dtype == "float8_e4m3fn":
+                        amax[r] = T.call_extern(T.float32, "tka_e4m3_piece_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3], s_in[r])
+                    else:
+                        amax[r] = T.call_extern(T.float32, "tka_e2m1_piece_amax", w[r, 0], w[r, 1], s_in[r])
+            for r in T.unroll(reps):
+                for st in T.unroll(3):
+                    if (1 << st) < group_pieces:
+                        amax[r] = max_nan(amax[r], T.shfl_xor(amax[r], 1 << st))
+
+            # ---- factors, and their store: one word per group (fp32) or per 4 groups (UE8M0)
+            for r in T.unroll(reps):
+                factors(amax, sf_bits, sf_inv, r, round_sf, packed_sf)
+                grp = slots[r] // group_pieces
+                lead = slots[r] % group_pieces == 0 and rows[r] < num_tokens
+                if packed_sf != 0:
+                    # the 4 groups of a word are 4 * group_pieces lanes of one warp (lanes_per_row
+                    # is a multiple of it): the first gathers the others' bytes
+                    part = T.if_then_else(grp < num_groups, sf_bits[r] << T.Cast("uint32", 8 * (grp % 4)), T.uint32(0))
+                    sf_word = part
+                    for m in T.unroll(1, 4):
+                        sf_word = sf_word | T.shfl_down(part, m * group_pieces)
+                    if lead and grp % 4 == 0 and grp < num_groups:
+                        sf[rows[r] * sf_row_stride + (grp // 4) * sf_col_stride] = sf_word
+                elif lead and grp < num_groups:
+                    sf[rows[r] * sf_row_stride + grp * sf_col_stride] = sf_bits[r]
+
+            # ---- re-encode q * (s_in * sf_inv) and store
+            for r in T.unroll(reps):
+                if rows[r] < num_tokens and slots[r] < row_pieces:
+                    f = s_in[r] * sf_inv[r]
+                    if in_dtype == "float8_e4m3fn" and fmt == "e4m3":
+                        for u in T.unroll(4):
+                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e4m3_to_e4m3", w[r, u], f)
+                    elif in_dtype == "float8_e4m3fn":
+                        for u in T.unroll(2):
+                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e4m3_to_e2m1", w[r, 2 * u], w[r, 2 * u + 1], f)
+                    elif fmt == "e2m1":
+                        for u in T.unroll(2):
+                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e2m1_to_e2m1", w[r, u], f)
+                    else:
+                        for u in T.unroll(4):
+                            out[rows[r], slots[r], u] = T.call_extern(
+                                T.uint32, "tka_e2m1_to_e4m3", w[r, u // 2] >> T.uint32(16 * (u % 2)), f)
+
+    return per_token_cast_quantized
+
+
+
+
 def host_constants(in_dtype: str, fmt: str, group: int) -> dict:
     """The layout the host needs for the thread count of a row: lanes per group and
     groups per lane of a grouped config (0 for one group per row)."""
-    if group == 0:
+    if group == 0:  # one group per row, or a pre-quantized input (group size at run time)
         return {"lanes_per_group": 0, "groups_per_lane": 0}
     tpg, _, rounds = _group_layout(in_dtype, group)
     return {"lanes_per_group": tpg, "groups_per_lane": rounds}
