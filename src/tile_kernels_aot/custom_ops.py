@@ -147,7 +147,7 @@ def schemas(record: dict, params: list) -> tuple:
     for o in record["outs"]:
         if o["optional"]:
             raise ValueError(f"{record['module']}.{record['name']}: optional outputs have no torch schema yet")
-    n = len(record["returns"])
+    n = len(flat_returns(record["returns"]))
     returns = "()" if n == 0 else "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
     functional = f"{record['name']}({_decl(params)}) -> {returns}"
     taken = sum(1 for _, text, _ in params if "!" in text)
@@ -242,7 +242,7 @@ def binding(record: dict) -> dict:
         "out_names": out_names,
         "enums": {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]},
         "quantized": [p["name"] for p in params if p["type"]["kind"] == "quantized"],
-        "returns": [out_names.index(r) for r in record["returns"]],
+        "returns": _return_indices(record["returns"], out_names),
     }
 
 
@@ -273,11 +273,24 @@ def bind(spec: dict, args: tuple, kwargs: dict) -> tuple:
     return values, given_outs
 
 
+def flat_returns(returns: list) -> list:
+    """The out names of ``returns`` in order, nested tuples (list entries) flattened."""
+    return [n for r in returns for n in (flat_returns(r) if isinstance(r, (list, tuple)) else [r])]
+
+
+def _return_indices(returns: list, out_names: list) -> list:
+    return [_return_indices(r, out_names) if isinstance(r, (list, tuple)) else out_names.index(r) for r in returns]
+
+
+def _nest(returns: list, outs: list) -> tuple:
+    return tuple(_nest(k, outs) if isinstance(k, list) else outs[k] for k in returns)
+
+
 def _result(spec: dict, outs: list):
     returns = spec["returns"]
     if not returns:
         return None
-    return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+    return outs[returns[0]] if len(returns) == 1 and not isinstance(returns[0], list) else _nest(returns, outs)
 
 
 def _torch_call_function(record: dict, spec: dict):
