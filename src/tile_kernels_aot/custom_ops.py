@@ -210,11 +210,11 @@ def _register(lib, record: dict, spec: dict, public) -> None:
         by_name = dict(zip(names, values))
         outs = declarations.allocate(by_name, by_name[first_tensor].device)
         public(*_public_call(record, values), **dict(zip(out_names, outs)))
-        return _result(spec, outs)
+        return _op_result(spec, outs)
 
     def meta(*values, **named):
         values = _complete(defaults, values, named)
-        return _result(spec, declarations.allocate(dict(zip(names, values)), "meta"))
+        return _op_result(spec, declarations.allocate(dict(zip(names, values)), "meta"))
 
     def cuda_out(*values, **named):
         values = _complete(defaults, values, named)
@@ -286,6 +286,25 @@ def _nest(returns: list, outs: list) -> tuple:
     return tuple(_nest(k, outs) if isinstance(k, list) else outs[k] for k in returns)
 
 
+def _op_result(spec: dict, outs: list):
+    """What the custom op returns: the returned outputs, flat (a torch schema has no nested
+    tuples)."""
+    flat = flat_returns(spec["returns"])
+    if not flat:
+        return None
+    return outs[flat[0]] if len(flat) == 1 else tuple(outs[k] for k in flat)
+
+
+def _from_op(spec: dict, made):
+    """The public result from the custom op's flat one (nested tuples rebuilt)."""
+    if not any(isinstance(r, list) for r in spec["returns"]):
+        return made
+    outs = [None] * len(spec["out_names"])
+    for k, t in zip(flat_returns(spec["returns"]), made):
+        outs[k] = t
+    return _result(spec, outs)
+
+
 def _result(spec: dict, outs: list):
     returns = spec["returns"]
     if not returns:
@@ -305,7 +324,7 @@ def _torch_call_function(record: dict, spec: dict):
         values, given_outs = bind(spec, args, kwargs)
         functional = getattr(torch.ops.tile_kernels_aot, name).default
         if all(o is None for o in given_outs):
-            return functional(*values)
+            return _from_op(spec, functional(*values))
         if all(o is not None for o in given_outs):
             out_form = getattr(torch.ops.tile_kernels_aot, name + "_out").default
             out_form(*values, **dict(zip(spec["out_names"], given_outs)))

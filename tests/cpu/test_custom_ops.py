@@ -95,23 +95,27 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args, kwargs = _cpu_call(record, sample)
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    # tensor arguments, a (data, sf) pair's two tensors each traced too: (position, index in the pair)
+    positions = [(i, j) for i, a in enumerate(args)
+                 for j in ([None] if isinstance(a, torch.Tensor) else range(len(a)) if isinstance(a, tuple) else [])]
     keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def call(*tensors):
         full, named = list(args), dict(kwargs)
-        for i, t in zip(positions, tensors):
-            full[i] = t
+        for (i, j), t in zip(positions, tensors):
+            full[i] = t if j is None else tuple(t if k == j else v for k, v in enumerate(full[i]))
         named.update(zip(keys, tensors[len(positions):]))
         return samples.function(record)(*full, **named)
 
-    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[kwargs[k] for k in keys])
+    traced = [args[i] if j is None else args[i][j] for i, j in positions]
+    graph = make_fx(call, tracing_mode="symbolic")(*traced, *[kwargs[k] for k in keys])
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert getattr(torch.ops.tile_kernels_aot, record["name"]).default in targets, graph.code
     if record["token_dim"] is None or not positions or not record["returns"]:
         return
     outputs = [n for n in graph.graph.nodes if n.op == "output"][0].args[0]
     outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    outputs = [n for o in outputs for n in (o if isinstance(o, (tuple, list)) else [o])]  # nested pairs
     token_sized = [o.meta["val"] for o in outputs if o is not None and o.meta["val"].dim() > 0]
     assert any(isinstance(v.shape[0], torch.SymInt) and not v.shape[0].node.is_constant() for v in token_sized)
 

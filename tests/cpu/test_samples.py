@@ -33,3 +33,15 @@ def test_routed_shapes_without_data():
     assert topk_idx.shape == (7, 6) and topk_idx.dtype == torch.int64
     assert token_topk_to_pos.shape == (7, 6) and token_topk_to_pos.dtype == torch.int32
     assert kwargs["pos_to_expert"].shape == (7 * 6 + 32 * 3,) and kwargs["rows"].shape == (7 * 6 + 32 * 3, 8)
+
+
+def test_a_list_of_tensor_specs_is_a_pair_and_nested_returns_flatten():
+    from kernels_tl.schema import Rand
+
+    sample = to_json(Sample("pair", 10, [(Randn(["T", 64], "float8_e4m3fn"), Rand(["T", 2], "float32", 0.5, 1.0)), 3]))
+    (x, n), _ = samples.make_args(sample, 10, torch.Generator().manual_seed(0), "cpu")
+    assert isinstance(x, tuple) and x[0].shape == (10, 64) and x[0].dtype == torch.float8_e4m3fn
+    assert x[1].shape == (10, 2) and bool((x[1] >= 0.5).all()) and n == 3
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    record = {"returns": ["out", ["q", "sf"]]}
+    assert samples.outputs_by_name(record, (a, (b, c))) == {"out": a, "q": b, "sf": c}
