@@ -294,9 +294,16 @@ def _op_function(op: Op, ns: str) -> str:
     elif len(op.returns) == 1:
         L.append(f"  return outs[{index[op.returns[0]]}].release_or_none();\n")
     else:
-        L.append(f"  PyObject* result = PyTuple_New({len(op.returns)});\n  if (result == nullptr) return nullptr;\n")
-        for k, r in enumerate(op.returns):
-            L.append(f"  PyTuple_SET_ITEM(result, {k}, outs[{index[r]}].release_or_none());\n")
+        # a list entry of returns is a nested tuple (e.g. a (data, sf) pair)
+        def build(var, entries):
+            L.append(f"  PyObject* {var} = PyTuple_New({len(entries)});\n  if ({var} == nullptr) return nullptr;\n")
+            for k, r in enumerate(entries):
+                if isinstance(r, (list, tuple)):
+                    build(f"{var}_{k}", r)
+                    L.append(f"  PyTuple_SET_ITEM({var}, {k}, {var}_{k});\n")
+                else:
+                    L.append(f"  PyTuple_SET_ITEM({var}, {k}, outs[{index[r]}].release_or_none());\n")
+        build("result", op.returns)
         L.append("  return result;\n")
     L.append("}\n")
     # a failed body may have met a tensor subclass: then the call goes through torch

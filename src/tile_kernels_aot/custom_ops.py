@@ -147,7 +147,7 @@ def schemas(record: dict, params: list) -> tuple:
     for o in record["outs"]:
         if o["optional"]:
             raise ValueError(f"{record['module']}.{record['name']}: optional outputs have no torch schema yet")
-    n = len(record["returns"])
+    n = len(flat_returns(record["returns"]))
     returns = "()" if n == 0 else "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
     functional = f"{record['name']}({_decl(params)}) -> {returns}"
     taken = sum(1 for _, text, _ in params if "!" in text)
@@ -210,11 +210,11 @@ def _register(lib, record: dict, spec: dict, public) -> None:
         by_name = dict(zip(names, values))
         outs = declarations.allocate(by_name, by_name[first_tensor].device)
         public(*_public_call(record, values), **dict(zip(out_names, outs)))
-        return _result(spec, outs)
+        return _op_result(spec, outs)
 
     def meta(*values, **named):
         values = _complete(defaults, values, named)
-        return _result(spec, declarations.allocate(dict(zip(names, values)), "meta"))
+        return _op_result(spec, declarations.allocate(dict(zip(names, values)), "meta"))
 
     def cuda_out(*values, **named):
         values = _complete(defaults, values, named)
@@ -242,7 +242,7 @@ def binding(record: dict) -> dict:
         "out_names": out_names,
         "enums": {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]},
         "quantized": [p["name"] for p in params if p["type"]["kind"] == "quantized"],
-        "returns": [out_names.index(r) for r in record["returns"]],
+        "returns": _return_indices(record["returns"], out_names),
     }
 
 
@@ -273,11 +273,43 @@ def bind(spec: dict, args: tuple, kwargs: dict) -> tuple:
     return values, given_outs
 
 
+def flat_returns(returns: list) -> list:
+    """The out names of ``returns`` in order, nested tuples (list entries) flattened."""
+    return [n for r in returns for n in (flat_returns(r) if isinstance(r, (list, tuple)) else [r])]
+
+
+def _return_indices(returns: list, out_names: list) -> list:
+    return [_return_indices(r, out_names) if isinstance(r, (list, tuple)) else out_names.index(r) for r in returns]
+
+
+def _nest(returns: list, outs: list) -> tuple:
+    return tuple(_nest(k, outs) if isinstance(k, list) else outs[k] for k in returns)
+
+
+def _op_result(spec: dict, outs: list):
+    """What the custom op returns: the returned outputs, flat (a torch schema has no nested
+    tuples)."""
+    flat = flat_returns(spec["returns"])
+    if not flat:
+        return None
+    return outs[flat[0]] if len(flat) == 1 else tuple(outs[k] for k in flat)
+
+
+def _from_op(spec: dict, made):
+    """The public result from the custom op's flat one (nested tuples rebuilt)."""
+    if not any(isinstance(r, list) for r in spec["returns"]):
+        return made
+    outs = [None] * len(spec["out_names"])
+    for k, t in zip(flat_returns(spec["returns"]), made):
+        outs[k] = t
+    return _result(spec, outs)
+
+
 def _result(spec: dict, outs: list):
     returns = spec["returns"]
     if not returns:
         return None
-    return outs[returns[0]] if len(returns) == 1 else tuple(outs[k] for k in returns)
+    return outs[returns[0]] if len(returns) == 1 and not isinstance(returns[0], list) else _nest(returns, outs)
 
 
 def _torch_call_function(record: dict, spec: dict):
@@ -292,7 +324,7 @@ def _torch_call_function(record: dict, spec: dict):
         values, given_outs = bind(spec, args, kwargs)
         functional = getattr(torch.ops.tile_kernels_aot, name).default
         if all(o is None for o in given_outs):
-            return functional(*values)
+            return _from_op(spec, functional(*values))
         if all(o is not None for o in given_outs):
             out_form = getattr(torch.ops.tile_kernels_aot, name + "_out").default
             out_form(*values, **dict(zip(spec["out_names"], given_outs)))

@@ -102,15 +102,25 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
         routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
 
     def value(v):
+        if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):
+            return tuple(value(e) for e in v)  # a (data, sf) pair
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
 
 
+def _flatten(returns, returned) -> list:
+    pairs = []
+    for r, v in zip(returns, returned):
+        pairs += _flatten(r, v) if isinstance(r, (list, tuple)) else [(r, v)]
+    return pairs
+
+
 def outputs_by_name(record: dict, result) -> dict:
-    """``{out name: tensor}`` of a call's result (a tensor, a tuple, or None)."""
+    """``{out name: tensor}`` of a call's result (a tensor, a tuple, or None; a list entry of
+    ``returns`` is a nested tuple, e.g. a ``(data, sf)`` pair)."""
     returned = result if isinstance(result, tuple) else (result,) if result is not None else ()
-    return dict(zip(record["returns"], returned))
+    return dict(_flatten(record["returns"], returned))
 
 
 def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:

@@ -57,7 +57,7 @@ def test_every_op_is_a_custom_op_with_its_declared_schema(record):
     functional = getattr(ops, record["name"]).default._schema
     expected = [n for n, _, _ in custom_ops.torch_params(record)]
     assert [a.name for a in functional.arguments] == expected
-    assert len(functional.returns) == len(record["returns"])
+    assert len(functional.returns) == len(custom_ops.flat_returns(record["returns"]))
     if not record["outs"]:  # an in-place op has no out form
         assert not hasattr(ops, record["name"] + "_out")
         forms = [functional]
@@ -95,28 +95,27 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args, kwargs = _cpu_call(record, sample)
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    pairs = [i for i, a in enumerate(args) if isinstance(a, tuple)]  # (data, sf) pairs: both traced
+    # tensor arguments, a (data, sf) pair's two tensors each traced too: (position, index in the pair)
+    positions = [(i, j) for i, a in enumerate(args)
+                 for j in ([None] if isinstance(a, torch.Tensor) else range(len(a)) if isinstance(a, tuple) else [])]
     keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def call(*tensors):
         full, named = list(args), dict(kwargs)
-        for i, t in zip(positions, tensors):
-            full[i] = t
-        rest = tensors[len(positions):]
-        for n, i in enumerate(pairs):
-            full[i] = (rest[2 * n], rest[2 * n + 1])
-        named.update(zip(keys, rest[2 * len(pairs):]))
+        for (i, j), t in zip(positions, tensors):
+            full[i] = t if j is None else tuple(t if k == j else v for k, v in enumerate(full[i]))
+        named.update(zip(keys, tensors[len(positions):]))
         return samples.function(record)(*full, **named)
 
-    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[t for i in pairs for t in args[i]],
-                                                   *[kwargs[k] for k in keys])
+    traced = [args[i] if j is None else args[i][j] for i, j in positions]
+    graph = make_fx(call, tracing_mode="symbolic")(*traced, *[kwargs[k] for k in keys])
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert getattr(torch.ops.tile_kernels_aot, record["name"]).default in targets, graph.code
     if record["token_dim"] is None or not positions or not record["returns"]:
         return
     outputs = [n for n in graph.graph.nodes if n.op == "output"][0].args[0]
     outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    outputs = [n for o in outputs for n in (o if isinstance(o, (tuple, list)) else [o])]  # nested pairs
     token_sized = [o.meta["val"] for o in outputs if o is not None and o.meta["val"].dim() > 0]
     assert any(isinstance(v.shape[0], torch.SymInt) and not v.shape[0].node.is_constant() for v in token_sized)
 
@@ -133,7 +132,7 @@ def test_out_tensors_through_the_torch_path():
     made = call(*args, **kwargs)
     given = {o["name"]: torch.empty_like(t) for o, t in zip(record["outs"], made)}
     result = call(*args, **kwargs, **given)
-    assert all(r is given[n] for r, n in zip(result, record["returns"]))
+    assert all(r is given[n] for r, n in zip(result, custom_ops.flat_returns(record["returns"])))
     first = record["outs"][0]["name"]
     result = call(*args, **kwargs, **{first: given[first]})
     assert result[0] is given[first] and _layout(result[1]) == _layout(made[1])

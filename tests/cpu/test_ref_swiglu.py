@@ -466,3 +466,31 @@ def test_forward_silu_is_negative_zero_at_and_below_minus_87_5():
     # the flushed ones are signed zeros (-0 * r), the one at -87.0 is not flushed
     assert torch.equal(got[:5].view(torch.int32), (torch.tensor(-0.0) * r[:5]).view(torch.int32))
     assert got[5] != 0 and torch.signbit(got[5])
+
+
+def test_backward_weight_grad_is_the_correctly_rounded_dot():
+    """weight_grad: the exact sum of the exact float32 products, rounded once to float32
+    (checked with rational arithmetic on a sample of rows, cancellation included)."""
+    x_q, grad_out, weight, p2tt, t2p = _backward_inputs("dot", n=24, hidden=384)
+    out, _, w_grad = S.swiglu_backward(x_q, grad_out, weight, p2tt, t2p, 128, 1.0)
+    n, hidden = grad_out.shape
+    g = grad_out.float()
+    a = torch.randn(n, hidden, generator=_gen("dot-a"))
+    a[0] = a[0] * 1e30  # a cancelling row: large terms
+    a[0, hidden // 2:] = -a[0, :hidden // 2]
+    got = S._dot_rows_f32(g, a)
+    for i in range(n):
+        exact = sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(g[i].tolist(), a[i].tolist())), Fraction(0))
+        want = np.float32(exact_round_f32(exact))
+        assert got[i].item() == float(want), (i, got[i].item(), float(want))
+    assert (w_grad[t2p < 0] == 0).all()
+
+
+def exact_round_f32(q: Fraction) -> float:
+    """A rational rounded to the nearest float32 (ties to even), exactly."""
+    if q == 0:
+        return 0.0
+    f = float(np.float32(float(q)))  # a float32 within one ulp; then fix by comparison
+    cand = [np.float32(f), np.nextafter(np.float32(f), np.float32(np.inf)), np.nextafter(np.float32(f), np.float32(-np.inf))]
+    best = min(cand, key=lambda c: (abs(Fraction(float(c)) - q), int(np.float32(c).view(np.uint32)) & 1))
+    return float(best)

@@ -1,4 +1,4 @@
-"""Sample inputs as the tests and the bench draw them: a routed sample's tensors agree with
+"""Sample inputs as the tests and the bench draw them: (data, sf) pairs, and a routed sample's tensors that agree with
 each other and with the reference mapping of its ``topk_idx``."""
 
 import torch
@@ -60,3 +60,15 @@ def test_quantized_pair_sample():
     assert samples.bytes_moved(record, [pair, fmt, npc], {}, {}) == data.nbytes + sf.nbytes
     (empty_pair, _, _), _ = samples.make_args(sample, 1, device="cpu", empty=True)
     assert empty_pair[0].shape == (1, 128) and empty_pair[1].shape == (1, 2)
+
+
+def test_a_list_of_tensor_specs_is_a_pair_and_nested_returns_flatten():
+    from kernels_tl.schema import Rand
+
+    sample = to_json(Sample("pair", 10, [(Randn(["T", 64], "float8_e4m3fn"), Rand(["T", 2], "float32", 0.5, 1.0)), 3]))
+    (x, n), _ = samples.make_args(sample, 10, torch.Generator().manual_seed(0), "cpu")
+    assert isinstance(x, tuple) and x[0].shape == (10, 64) and x[0].dtype == torch.float8_e4m3fn
+    assert x[1].shape == (10, 2) and bool((x[1] >= 0.5).all()) and n == 3
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    record = {"returns": ["out", ["q", "sf"]]}
+    assert samples.outputs_by_name(record, (a, (b, c))) == {"out": a, "q": b, "sf": c}

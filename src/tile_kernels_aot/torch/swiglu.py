@@ -133,6 +133,39 @@ def _div(a, b) -> torch.Tensor:
     return a / b
 
 
+def _dot_rows_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32 ``[n]``: ``sum_j a[:, j] * b[:, j]`` of float32 ``a``, ``b`` ``[n, m]``, the exact sum
+    correctly rounded to float32 (up to about ``2^-100`` of the sum of magnitudes).
+
+    The products are exact in float64 (each factor has at most 24 significant bits); they
+    are summed pairwise in double-double (TwoSum: each addition's rounding error kept in a
+    low part), and the pair ``hi + lo`` is rounded to float64 *to odd* and then to float32,
+    which rounds the pair's exact value correctly.  Any summation order accurate to that
+    level gives the same float32 (a kernel sums in double-double in its own order).
+    """
+    hi = a.double() * b.double()
+    lo = torch.zeros_like(hi)
+    while hi.shape[1] > 1:
+        if hi.shape[1] % 2:
+            hi = torch.cat([hi, torch.zeros_like(hi[:, :1])], dim=1)
+            lo = torch.cat([lo, torch.zeros_like(lo[:, :1])], dim=1)
+        x, y = hi[:, 0::2], hi[:, 1::2]
+        s = x + y
+        bb = s - x
+        err = (x - (s - bb)) + (y - bb)
+        lo = (lo[:, 0::2] + lo[:, 1::2]) + err
+        hi = s
+    hi, lo = hi[:, 0], lo[:, 0]
+    s = hi + lo
+    bb = s - hi
+    err = (hi - (s - bb)) + (lo - bb)
+    # round to odd: an inexact even s moves one ulp towards the exact value
+    bits = s.view(torch.int64)
+    step = torch.where((err > 0) == (s > 0), 1, -1)
+    bits = torch.where((err != 0) & ((bits & 1) == 0), bits + step, bits)
+    return bits.view(torch.float64).float()
+
+
 def _row_weights(pos_to_token_topk: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
     """float32 ``[n]``: ``topk_weights.view(-1)[pos]`` where ``pos >= 0``, else 0."""
     pos = pos_to_token_topk.long()
@@ -273,8 +306,8 @@ def _backward_core(op, x, grad_out, weight, pos_to_token_topk, token_topk_to_pos
         grad_right = grad_right.masked_fill(right_clamped, 0.0)
     x_grad = torch.cat([grad_left, grad_right], dim=1)
 
-    # d(out)/d(w) = sum_j grad_out * act: exact products, float64 accumulation
-    dots = (g.double() * act.double()).sum(dim=1).float()
+    # d(out)/d(w) = sum_j grad_out * act: exact products, the sum correctly rounded
+    dots = _dot_rows_f32(g, act)
     pos = pos_to_token_topk.long()
     valid = pos >= 0
     weight_grad = torch.zeros_like(weight)
@@ -313,8 +346,8 @@ def swiglu_backward(
         ``gws = (grad_out * w) * s``, ``gl = (gws * r) * fma(l, 1 - s, 1)``,
         ``gr = gws * l`` (zero where clamped);
         ``weight_grad [num_tokens, num_topk]``: at each row's (token, k), the
-        dot product ``sum(grad_out * act)`` (accumulated in float64, then
-        rounded); 0 where no row maps.
+        dot product ``sum(grad_out * act)``, the exact sum of the exact products
+        correctly rounded to float32 (see ``_dot_rows_f32``); 0 where no row maps.
     """
     out, x_grad, weight_grad = _backward_core(
         "swiglu_backward", x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels,
@@ -457,8 +490,8 @@ def swiglu_backward_and_per_token_cast(
         float8_e4m3fn, ``x_grad_sf [n, 2 * hidden / num_per_channels]`` float32
         row-major, ``x_grad [n, 2 * hidden]`` bfloat16, ``weight_grad
         [num_tokens, num_topk]`` float32.  ``weight_grad`` is the only output
-        with a summation (over ``hidden``): kernels differ from it by their
-        float32 summation order (compare with a tolerance).
+        with a summation (over ``hidden``): the correctly rounded sum, which a
+        kernel reproduces bit for bit with a double-double accumulation.
     """
     op = "swiglu_backward_and_per_token_cast"
     out, x_grad, weight_grad = _backward_core(
