@@ -10,6 +10,7 @@ This stage needs TileLang but no GPU.
 from __future__ import annotations
 
 import dataclasses
+import ast
 import hashlib
 import importlib
 import inspect
@@ -49,18 +50,43 @@ def kernel_module(kernel_name: str):
     return importlib.import_module(f"kernels_tl.{kernel_name}.kernel")
 
 
+def kernel_sources(module_path: Path) -> list:
+    """``kernel.py`` and the ``kernels_tl`` modules it imports, transitively: the Python source
+    a kernel's lowering can depend on (so editing a module no kernel imports, or one this
+    kernel does not import, leaves its cache valid)."""
+    root = module_path.parents[2]  # kernels_tl/
+    seen, todo = [], [module_path, module_path.parent / "__init__.py", module_path.parents[1] / "__init__.py",
+                      root / "__init__.py"]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.append(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                dotted = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in dotted:
+                parts = name.split(".")
+                if parts[0] == root.name and len(parts) > 1:
+                    todo += [root.joinpath(*parts[1:]).with_suffix(".py"), root.joinpath(*parts[1:], "__init__.py")]
+    return sorted(seen)
+
+
 def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
-    """Content hash of everything lowering depends on: the op folder's ``kernel.py``, the
-    modules kernels may share code from (``kernels_tl/*.py``), this stage's own source,
-    the config, the arch and the TileLang version.  (The host side, ``host.h``, and the
-    schema do not change the cubin.)"""
+    """Content hash of everything lowering depends on: the op folder's ``kernel.py`` and the
+    ``kernels_tl`` modules it imports (:func:`kernel_sources`), this stage's own source, the
+    config, the arch and the TileLang version.  (The host side, ``host.h``, and the schema do
+    not change the cubin.)"""
     import tilelang
 
-    module_path = Path(inspect.getfile(kernel_module(kernel_name)))
+    root = Path(inspect.getfile(kernel_module(kernel_name))).parents[2]
     h = hashlib.sha256()
-    h.update(module_path.read_bytes())
-    for shared in sorted(module_path.parents[2].glob("*.py")):
-        h.update(shared.read_bytes())
+    for source in kernel_sources(Path(inspect.getfile(kernel_module(kernel_name)))):
+        h.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes())
     h.update(Path(__file__).read_bytes())
     h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
     return h.hexdigest()
