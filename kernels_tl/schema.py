@@ -110,13 +110,17 @@ class Out:
     torch.library registration allocates outputs and builds fake tensors from them, with
     the token dim symbolic; the host side's ``outputs`` computes the same in C++, and the
     GPU tests check that the two agree for every sample.  ``optional``: the host may leave
-    it out (it is then returned as None)."""
+    it out (it is then returned as None).  ``positional``: the output is also the public
+    function's last positional parameter(s) (after every :class:`Param`, default None), as
+    where upstream's signature takes ``out=None`` positionally; positional outputs come first
+    among the outputs."""
 
     name: str
     dtype: str
     shape: str
     strides: Optional[str] = None
     optional: bool = False
+    positional: bool = False
 
 
 # ---- samples ----------------------------------------------------------------------------
@@ -161,12 +165,15 @@ class Routing:
     probability ``unrouted``, placed in the fused expert-major layout by the reference
     ``get_fused_mapping`` with ``alignment``.  The layout has
     ``T * num_topk + num_experts * (alignment - 1)`` rows, the most it can need: shapes write
-    it as ``"P"``."""
+    it as ``"P"``.  With ``exact_rows`` the layout has exactly the rows the draw needs (the
+    mapping's ``num_expanded_tokens=0`` form, learnt with a host sync), as a caller that
+    sizes the buffer from the counts has (upstream's benchmarks)."""
 
     num_topk: int
     num_experts: int
     alignment: int = 1
     unrouted: float = 0.0
+    exact_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def _is_tensor_spec(value) -> bool:
 
 
 def fused_rows(routing: dict, tokens: int) -> int:
-    """Rows of a routing's fused layout at ``tokens`` tokens: the most it can need."""
+    """Rows of a routing's fused layout at ``tokens`` tokens: the most it can need (an
+    ``exact_rows`` routing's draw has this many rows or fewer)."""
     return tokens * routing["num_topk"] + routing["num_experts"] * (routing["alignment"] - 1)
 
 
@@ -57,7 +58,10 @@ def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> di
         dropped = torch.rand(tokens, k, generator=gen, device=device) < routing["unrouted"]
         topk_idx = topk_idx.masked_fill(dropped, -1)
     topk_idx = topk_idx.contiguous()
-    mapping = get_fused_mapping(topk_idx, experts, rows, routing["alignment"], force_no_sync=True)
+    if routing.get("exact_rows", False):  # exactly the rows the draw needs (a host sync)
+        mapping = get_fused_mapping(topk_idx, experts, 0, routing["alignment"])
+    else:
+        mapping = get_fused_mapping(topk_idx, experts, rows, routing["alignment"], force_no_sync=True)
     return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping))}
 
 
@@ -83,9 +87,12 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
     routed = {}
     if sample.get("routing"):
         routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
-        routed["rows"] = fused_rows(sample["routing"], tokens)
+        # the rows of the drawn layout (an upper bound for shapes without data)
+        routed["rows"] = routed["pos_to_expert"].shape[0]
 
     def value(v):
+        if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):  # a (data, sf) pair
+            return tuple(_tensor(e, tokens, gen, device, empty, routed) for e in v)
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
@@ -101,14 +108,22 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
     """The bytes one launch must move: the schema's formula over the call's tensors by name,
     or every tensor argument read once and every output written once."""
     names = [p["name"] for p in record["params"]]
-    tensors = {}
+    # every tensor parameter by name (None when not given); a (data, sf) pair as <name>, <name>_sf
+    scope = {}
+    for p in record["params"]:
+        if p["type"]["kind"] in ("tensor", "quantized"):
+            scope[p["name"]] = None
+        if p["type"]["kind"] == "quantized":
+            scope[p["name"] + "_sf"] = None
     for name, v in list(zip(names, args)) + list(kwargs.items()):
-        if isinstance(v, torch.Tensor):
-            tensors[name] = v
-    tensors.update(outs)
+        if isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
+            scope[name], scope[name + "_sf"] = v
+        elif isinstance(v, torch.Tensor):
+            scope[name] = v
+    scope.update(outs)
     if record["bytes"]:
-        return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))
-    return sum(t.nbytes for t in tensors.values() if t is not None)
+        return int(eval(record["bytes"], {"__builtins__": {}}, scope))
+    return sum(t.nbytes for t in scope.values() if isinstance(t, torch.Tensor))
 
 
 def token_counts(record: dict, *wanted: int) -> list:

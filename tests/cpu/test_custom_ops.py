@@ -96,16 +96,21 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
 
     args, kwargs = _cpu_call(record, sample)
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    pairs = [i for i, a in enumerate(args) if isinstance(a, tuple)]  # (data, sf) pairs: both traced
     keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def call(*tensors):
         full, named = list(args), dict(kwargs)
         for i, t in zip(positions, tensors):
             full[i] = t
-        named.update(zip(keys, tensors[len(positions):]))
+        rest = tensors[len(positions):]
+        for n, i in enumerate(pairs):
+            full[i] = (rest[2 * n], rest[2 * n + 1])
+        named.update(zip(keys, rest[2 * len(pairs):]))
         return samples.function(record)(*full, **named)
 
-    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[kwargs[k] for k in keys])
+    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[t for i in pairs for t in args[i]],
+                                                   *[kwargs[k] for k in keys])
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert getattr(torch.ops.tile_kernels_aot, record["name"]).default in targets, graph.code
     if record["token_dim"] is None or not positions or not record["returns"]:
