@@ -44,9 +44,11 @@ def folder_namespace(kernel: str) -> str:
 
 def text_signature(op: Op) -> str:
     parts = [p.name if p.default == REQUIRED else f"{p.name}={p.default!r}" for p in op.params]
-    if op.outs:
+    parts += [f"{o.name}=None" for o in op.outs if o.positional]
+    keyword_only = [o for o in op.outs if not o.positional]
+    if keyword_only:
         parts.append("*")
-        parts += [f"{o.name}=None" for o in op.outs]
+        parts += [f"{o.name}=None" for o in keyword_only]
     return f"{op.name}({', '.join(parts)})"
 
 
@@ -231,7 +233,10 @@ def _op_function(op: Op, ns: str) -> str:
     qual = f"{op.module}.{op.name}"
     fid = f"op_{ident(op.module)}_{ident(op.name)}"
     names = [p.name for p in op.params] + [o.name for o in op.outs]
-    npos = len(op.params)
+    positional_outs = sum(1 for o in op.outs if o.positional)
+    if any(o.positional for o in op.outs[positional_outs:]):
+        raise ValueError(f"{qual}: positional outputs must come first among the outputs")
+    npos = len(op.params)  # where the outputs start in `v`
     nreq = sum(1 for p in op.params if p.default == REQUIRED)
     if any(p.default == REQUIRED for p in op.params[nreq:]):
         raise ValueError(f"{qual}: required parameters must come first")
@@ -254,7 +259,7 @@ def _op_function(op: Op, ns: str) -> str:
          f"  static const char* const names[] = {{{', '.join(cpp_string(n) for n in names)}}};\n",
          f"  static PyObject* interned[{len(names)}] = {{}};\n",
          f"  PyObject* v[{len(names)}];\n",
-         f"  if (!parse_args(op, args, nargs, kwnames, names, interned, {len(names)}, {npos}, {nreq}, v)) return nullptr;\n",
+         f"  if (!parse_args(op, args, nargs, kwnames, names, interned, {len(names)}, {npos + positional_outs}, {nreq}, v)) return nullptr;\n",
          "  F::Args a;\n"]
     for i, p in enumerate(op.params):
         L += _parse_param(i, p, qual)

@@ -110,13 +110,17 @@ class Out:
     torch.library registration allocates outputs and builds fake tensors from them, with
     the token dim symbolic; the host side's ``outputs`` computes the same in C++, and the
     GPU tests check that the two agree for every sample.  ``optional``: the host may leave
-    it out (it is then returned as None)."""
+    it out (it is then returned as None).  ``positional``: the output is also the public
+    function's last positional parameter(s) (after every :class:`Param`, default None), as
+    where upstream's signature takes ``out=None`` positionally; positional outputs come first
+    among the outputs."""
 
     name: str
     dtype: str
     shape: str
     strides: Optional[str] = None
     optional: bool = False
+    positional: bool = False
 
 
 # ---- samples ----------------------------------------------------------------------------

@@ -240,6 +240,8 @@ def binding(record: dict) -> dict:
         "names": [p["name"] for p in params],
         "defaults": {p["name"]: p["default"] for p in params if p["default"] != "<required>"},
         "out_names": out_names,
+        # outputs the public function also takes by position, after its parameters
+        "positional_outs": sum(1 for o in record["outs"] if o.get("positional", False)),
         "enums": {p["name"]: p["type"]["choices"] for p in params if p["type"]["kind"] == "str" and p["type"]["enum"]},
         "quantized": [p["name"] for p in params if p["type"]["kind"] == "quantized"],
         "returns": _return_indices(record["returns"], out_names),
@@ -250,11 +252,16 @@ def bind(spec: dict, args: tuple, kwargs: dict) -> tuple:
     """``(values, given_outs)``: the custom op's parameter values, in order (a ``(data, sf)``
     pair split, an enum member as its name), and the ``out=`` tensors (None where not given)."""
     names, qual = spec["names"], spec["qual"]
-    if len(args) > len(names):
-        raise TypeError(f"{qual}: takes at most {len(names)} positional arguments ({len(args)} given)")
+    positional = len(names) + spec.get("positional_outs", 0)
+    if len(args) > positional:
+        raise TypeError(f"{qual}: takes at most {positional} positional arguments ({len(args)} given)")
     bound = dict(zip(names, args))
     kwargs = dict(kwargs)
-    given_outs = [kwargs.pop(n, None) for n in spec["out_names"]]
+    out_args = dict(zip(spec["out_names"], args[len(names):]))
+    for n in out_args:
+        if n in kwargs:
+            raise TypeError(f"{qual}: got multiple values for argument {n!r}")
+    given_outs = [out_args[n] if n in out_args else kwargs.pop(n, None) for n in spec["out_names"]]
     for k, v in kwargs.items():
         if k not in names or k in bound:
             raise TypeError(f"{qual}: unexpected or repeated argument {k!r}")

@@ -127,16 +127,22 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
     """The bytes one launch must move: the schema's formula over the call's tensors by name,
     or every tensor argument read once and every output written once."""
     names = [p["name"] for p in record["params"]]
-    tensors = {}
+    # every tensor parameter by name (None when not given); a (data, sf) pair as <name>, <name>_sf
+    scope = {}
+    for p in record["params"]:
+        if p["type"]["kind"] in ("tensor", "quantized"):
+            scope[p["name"]] = None
+        if p["type"]["kind"] == "quantized":
+            scope[p["name"] + "_sf"] = None
     for name, v in list(zip(names, args)) + list(kwargs.items()):
-        if isinstance(v, torch.Tensor):
-            tensors[name] = v
-        elif isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
-            tensors[name], tensors[name + "_sf"] = v  # a (data, sf) pair
-    tensors.update(outs)
+        if isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
+            scope[name], scope[name + "_sf"] = v
+        elif isinstance(v, torch.Tensor):
+            scope[name] = v
+    scope.update(outs)
     if record["bytes"]:
-        return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))
-    return sum(t.nbytes for t in tensors.values() if t is not None)
+        return int(eval(record["bytes"], {"__builtins__": {}}, scope))
+    return sum(t.nbytes for t in scope.values() if isinstance(t, torch.Tensor))
 
 
 def token_counts(record: dict, *wanted: int) -> list:

@@ -72,3 +72,16 @@ def test_a_list_of_tensor_specs_is_a_pair_and_nested_returns_flatten():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
     record = {"returns": ["out", ["q", "sf"]]}
     assert samples.outputs_by_name(record, (a, (b, c))) == {"out": a, "q": b, "sf": c}
+
+
+def test_pairs_and_bytes_of_quantized_and_optional_tensors():
+    """A (data, sf) pair in a sample is drawn as a tuple; the bytes formula sees it as <name> and
+    <name>_sf, and an optional tensor not given as None."""
+    sample = to_json(Sample("pair", 10, [(Randn(["T", 64], "bfloat16"), Randn(["T"], "float32")), None]))
+    record = {"params": [{"name": "x", "type": {"kind": "quantized"}}, {"name": "w", "type": {"kind": "tensor"}}],
+              "bytes": "x.nbytes + x_sf.nbytes + (0 if w is None else 1000) + out.nbytes"}
+    args, _ = samples.make_args(sample, 10, torch.Generator().manual_seed(3), "cpu")
+    assert isinstance(args[0], tuple) and args[0][0].shape == (10, 64) and args[0][1].shape == (10,)
+    out = torch.empty(10, 64, dtype=torch.bfloat16)
+    assert samples.bytes_moved(record, args, {}, {"out": out}) == 1280 + 40 + 1280
+    assert samples.bytes_moved({**record, "bytes": None}, args, {}, {"out": out}) == 1280 + 40 + 1280

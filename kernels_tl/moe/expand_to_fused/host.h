@@ -1,0 +1,118 @@
+// moe.expand_to_fused, moe.expand_to_fused_with_sf: host side (interface: tka/host.h).
+#pragma once
+
+#include "args.h"
+
+namespace tka::moe_expand_to_fused {
+
+struct Plan {
+  int64_t num_tokens, hidden, num_topk, num_rows;
+  int64_t row_vecs;  // 16-byte vectors per row
+  int64_t sf_cols;   // 32-bit scale-factor words per row (0: none)
+};
+
+// The checks and dims both ops share (`x` is the data, or the plain tensor).
+inline bool plan_rows(const char* op, const TensorArg& x, const TensorArg& token_topk_to_pos,
+                      const TensorArg& pos_to_expert, Plan& p) {
+  p.num_tokens = x.shape[0];
+  p.hidden = x.shape[1];
+  p.num_topk = token_topk_to_pos.shape[1];
+  p.num_rows = pos_to_expert.shape[0];
+  p.sf_cols = 0;
+  const int64_t row_bytes = p.hidden * (kDTypes[x.dtype].bits / 8);
+  TKA_CHECK(token_topk_to_pos.shape[0] == p.num_tokens, "token_topk_to_pos",
+            "must have one row per token of x (%lld), got %lld", static_cast<long long>(p.num_tokens),
+            static_cast<long long>(token_topk_to_pos.shape[0]));
+  TKA_CHECK(row_bytes % 16 == 0, "x",
+            "rows must be whole 16-byte vectors (hidden * element size a multiple of 16), got hidden %lld",
+            static_cast<long long>(p.hidden));
+  TKA_CHECK(aligned(x.data, 16), "x", "must start 16-byte aligned");
+  p.row_vecs = row_bytes / 16;
+  return true;
+}
+
+inline int64_t lanes_per_row(const Plan& p, const Constants& c) {
+  return std::max<int64_t>(ceil_div(p.row_vecs, c.vectors_per_thread), 1);
+}
+
+inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_rows > 0) && p.row_vecs > 0; }
+
+inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token_topk_to_pos,
+                      const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
+                      KernelArgs& k) {
+  const int64_t lanes = lanes_per_row(p, c);
+  TKA_CHECK(std::max(p.num_tokens, p.num_rows) * lanes <= 2147483647 - 256, "pos_to_expert",
+            "has too many rows for one launch");
+  TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
+  k.x = x.data;
+  k.out = out.data;
+  k.token_topk_to_pos = token_topk_to_pos.data;
+  k.pos_to_expert = pos_to_expert.data;
+  k.num_tokens = p.num_tokens;
+  k.num_rows = p.num_rows;
+  k.num_topk = p.num_topk;
+  k.row_vecs = p.row_vecs;
+  k.lanes_per_row = lanes;
+  k.x_sf = nullptr;
+  k.out_sf = nullptr;
+  k.sf_cols = 0;
+  k.sf_row_stride = 0;
+  k.sf_col_stride = 0;
+  return true;
+}
+
+namespace expand_to_fused {
+using tka::moe_expand_to_fused::Plan;
+inline bool plan(const char* op, const Args& a, Plan& p, Config&) {
+  return plan_rows(op, a.x, a.token_topk_to_pos, a.pos_to_expert, p);
+}
+inline void outputs(const Args& a, const Plan& p, OutSpecs& s) { dense_output(s.out, a.x.dtype, {p.num_rows, p.hidden}); }
+// no token: nothing to copy, but padding rows still to zero (upstream launches nothing then
+// and leaves the buffer uninitialised; the reference zeroes it)
+inline bool needs_launch(const Plan& p) { return launch_needed(p); }
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+  return copy_args(op, a.x, a.token_topk_to_pos, a.pos_to_expert, p, c, o.out, k);
+}
+}  // namespace expand_to_fused
+
+namespace expand_to_fused_with_sf {
+using tka::moe_expand_to_fused::Plan;
+inline bool plan(const char* op, const Args& a, Plan& p, Config&) {
+  TKA_CHECK(a.x_sf.present, "x", "must be a (data, sf) pair");
+  if (!plan_rows(op, a.x, a.token_topk_to_pos, a.pos_to_expert, p)) return false;
+  const int64_t npc = a.num_per_channels;
+  TKA_CHECK(npc == 32 || npc == 128, "num_per_channels", "must be 32 or 128, got %lld", static_cast<long long>(npc));
+  const bool packed = a.x_sf.dtype == I32;
+  TKA_CHECK(!packed || a.use_tma_aligned_col_major_sf, "use_tma_aligned_col_major_sf",
+            "must be True for packed UE8M0 (int32) scale factors");
+  const int64_t groups = ceil_div(p.hidden, npc);
+  const int64_t cols = packed ? ceil_div(groups, 4) : groups;
+  TKA_CHECK(a.x_sf.ndim == 2 && a.x_sf.shape[0] == p.num_tokens && a.x_sf.shape[1] == cols, "x",
+            "scale factors must have shape [%lld, %lld] (hidden %lld, num_per_channels %lld%s)",
+            static_cast<long long>(p.num_tokens), static_cast<long long>(cols), static_cast<long long>(p.hidden),
+            static_cast<long long>(npc), packed ? ", packed 4 per int32" : "");
+  TKA_CHECK(a.x_sf.contiguous(), "x", "scale factors must be contiguous (row-major)");
+  p.sf_cols = cols;
+  return true;
+}
+inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
+  dense_output(s.out, a.x.dtype, {p.num_rows, p.hidden});
+  if (!a.use_tma_aligned_col_major_sf) return dense_output(s.out_sf, a.x_sf.dtype, {p.num_rows, p.sf_cols});
+  // a transposed view of a [sf_cols, align(num_rows, 4)] buffer; stride 1 when empty (upstream's)
+  const int64_t row_stride = p.num_rows > 0 ? align_up(p.num_rows, 4) : 1;
+  strided_output(s.out_sf, a.x_sf.dtype, {p.num_rows, p.sf_cols}, {1, row_stride}, p.sf_cols * align_up(p.num_rows, 4));
+}
+inline bool needs_launch(const Plan& p) { return launch_needed(p); }
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+  if (!copy_args(op, a.x, a.token_topk_to_pos, a.pos_to_expert, p, c, o.out, k)) return false;
+  TKA_CHECK(p.num_rows * p.sf_cols <= 2147483647, "pos_to_expert", "has too many rows for one launch");
+  k.x_sf = a.x_sf.data;
+  k.out_sf = o.out_sf.data;
+  k.sf_cols = p.sf_cols;
+  k.sf_row_stride = o.out_sf.stride[0];
+  k.sf_col_stride = o.out_sf.stride[1];
+  return true;
+}
+}  // namespace expand_to_fused_with_sf
+
+}  // namespace tka::moe_expand_to_fused
