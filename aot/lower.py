@@ -2,8 +2,9 @@
 
 The result is plain data: the CUDA source, the kernel's entry symbol, its
 parameters in device order, its launch geometry (grid, block, dynamic
-shared memory) as C++ expressions over the kernel's dynamic variables, and
-whether it waits for the previous grid itself (programmatic dependent launch).
+shared memory) as C++ expressions over the kernel's dynamic variables, its
+thread-block cluster shape (``T.Kernel(..., cluster_dims=...)``; the launch sets it),
+and whether it waits for the previous grid itself (programmatic dependent launch).
 This stage needs TileLang but no GPU.
 """
 
@@ -35,6 +36,8 @@ class LoweredKernel:
     # The kernel waits for the previous grid in the stream before touching memory
     # (``pdl_sync``), so it may be launched to overlap that grid's tail.
     pdl: bool
+    # Blocks per thread-block cluster along x, y, z ([1, 1, 1]: no clusters), a launch attribute.
+    cluster: list = dataclasses.field(default_factory=lambda: [1, 1, 1])
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -105,9 +108,11 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     grid = [to_cpp(geometry.get(f"blockIdx.{d}", 1)) for d in "xyz"]
     block = [int(geometry.get(f"threadIdx.{d}", 1)) for d in "xyz"]
     dyn_smem = to_cpp(geometry.get("tirx.use_dyn_shared_memory", 0))
+    cluster = [int(geometry.get(f"tir.cluster_dim_{d}", 1)) for d in "xyz"]
     return LoweredKernel(
         kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
         params=params, grid=grid, block=block, dyn_smem=dyn_smem, pdl="has_cuda_pdl_sync" in dfunc.attrs,
+        cluster=cluster,
     )
 
 
