@@ -3,7 +3,8 @@
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
 shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
-layout) and dtype, or as one tensor of the sample's routing (``routed``).
+layout) and dtype, or as one tensor of the sample's routing (``routed``), and sizes that follow
+the token count as expressions over ``T`` and ``P`` (``extent``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ def resolve(dotted: str):
 def function(record: dict):
     """The public function of an op record."""
     return resolve(f"tile_kernels_aot.{record['module']}.{record['name']}")
+
+
+def kernel_function(record: dict):
+    """The generated C function of an op record: the public function itself, or for an op whose
+    public function is a Python wrapper (``wrapper`` in its schema) the kernel op it wraps."""
+    from tile_kernels_aot import _C
+
+    return getattr(getattr(_C, record["module"]), record["name"])
 
 
 def reference(record: dict):
@@ -88,6 +97,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
         routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
 
     def value(v):
+        if isinstance(v, dict) and v.get("kind") == "extent":
+            return int(eval(v["expr"], {"__builtins__": {}}, {"T": tokens, "P": routed.get("rows")}))
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
