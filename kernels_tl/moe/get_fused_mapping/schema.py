@@ -12,11 +12,14 @@ _ROWS = ("num_expanded_tokens if num_expanded_tokens != 0 or force_no_sync else 
          " // sym_max(alignment, 1) * sym_max(alignment, 1)")
 
 
-def _routed(name, tokens, num_topk, num_experts, alignment, rows="P", unrouted=0.0, **kwargs):
+def _routed(name, tokens, num_topk, num_experts, alignment, rows="P", unrouted=0.0, exact=False, ep_ranks=1,
+            **kwargs):
     """A call on a routing drawn as the serving path draws it (distinct experts per token, a
-    share unrouted), into ``rows`` rows (an expression over T and P; "P": the most it can need)."""
+    share unrouted; with ep_ranks, the experts of one rank of expert parallelism), into ``rows``
+    rows (an expression over T and P; "P": the most the layout can need, or with ``exact`` the
+    rows this draw needs)."""
     return Sample(name, tokens, [Routed("topk_idx"), num_experts, rows if isinstance(rows, int) else Extent(rows), alignment],
-                  routing=Routing(num_topk, num_experts, alignment, unrouted), **kwargs)
+                  routing=Routing(num_topk, num_experts, alignment, unrouted, exact=exact, ep_ranks=ep_ranks), **kwargs)
 
 
 def _drawn(name, tokens, num_topk, num_experts, alignment, low, rows, high=None, **kwargs):
@@ -27,16 +30,17 @@ def _drawn(name, tokens, num_topk, num_experts, alignment, low, rows, high=None,
                                  rows if isinstance(rows, int) else Extent(rows), alignment], **kwargs)
 
 
-# upstream's benchmark: 4001 tokens per rank routed top-8 over 72 experts on 8 EP ranks, the
-# tokens with a local expert kept (about 21.8k, most entries -1), 9 local experts, alignment 128,
-# into TileKernels' sync-mode buffer: (T * 8 + 9 * 127) // 128 * 128 rows
+# upstream's benchmark: tokens routed top-8 over 72 experts on 8 EP ranks as one rank sees them
+# (about 21.8k tokens, 9 local experts, most entries -1), alignment 128, into TileKernels'
+# sync-mode buffer: (T * 8 + 9 * 127) // 128 * 128 rows
 _UPSTREAM_ROWS = "(T * 8 + 9 * 127) // 128 * 128"
 
 SAMPLES = [
     _routed("decode", 128, 8, 256, 64),
     _routed("prefill", 8192, 8, 256, 64),
-    _routed("upstream: 72 experts / 8 EP ranks, alignment 128", 21779, 8, 9, 128, _UPSTREAM_ROWS, unrouted=0.875),
-    _routed("upstream, sync mode (num_expanded_tokens=0)", 21779, 8, 9, 128, 0, unrouted=0.875, host_sync=True),
+    _routed("upstream: 72 experts / 8 EP ranks, alignment 128", 21779, 8, 9, 128, _UPSTREAM_ROWS, ep_ranks=8),
+    _routed("upstream, sync mode (num_expanded_tokens=0)", 21779, 8, 9, 128, 0, ep_ranks=8, host_sync=True),
+    _routed("exact rows (no padding tail), 32 experts", 3000, 8, 32, 64, exact=True, unrouted=0.2),
     _routed("sync mode, 256 experts", 4096, 8, 256, 128, 0, host_sync=True),
     _routed("alignment 1, top-1, 16 experts", 4096, 1, 16, 1),
     _routed("384 experts, top-9, alignment 32", 4096, 9, 384, 32, unrouted=0.1),
