@@ -2,8 +2,9 @@
 
 The result is plain data: the CUDA source, the kernel's entry symbol, its
 parameters in device order, its launch geometry (grid, block, dynamic
-shared memory) as C++ expressions over the kernel's dynamic variables, and
-whether it waits for the previous grid itself (programmatic dependent launch).
+shared memory) as C++ expressions over the kernel's dynamic variables, its
+thread-block cluster shape (``T.Kernel(..., cluster_dims=...)``; the launch sets it),
+and whether it waits for the previous grid itself (programmatic dependent launch).
 This stage needs TileLang but no GPU.
 """
 
@@ -36,6 +37,8 @@ class LoweredKernel:
     # The kernel waits for the previous grid in the stream before touching memory
     # (``pdl_sync``), so it may be launched to overlap that grid's tail.
     pdl: bool
+    # Blocks per thread-block cluster along x, y, z ([1, 1, 1]: no clusters), a launch attribute.
+    cluster: list = dataclasses.field(default_factory=lambda: [1, 1, 1])
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -76,19 +79,25 @@ def kernel_sources(module_path: Path) -> list:
     return sorted(seen)
 
 
+# The version of what :func:`lower` produces from an unchanged kernel.  Bump it with any change
+# here that alters the lowered source or the recorded geometry, so cached lowerings are redone;
+# an added field with a default (older records read back with it) needs no bump.
+LOWERING_FORMAT = 1
+
+
 def lowering_key(kernel_name: str, config: dict, arch: str) -> str:
     """Content hash of everything lowering depends on: the op folder's ``kernel.py`` and the
-    ``kernels_tl`` modules it imports (:func:`kernel_sources`), this stage's own source, the
-    config, the arch and the TileLang version.  (The host side, ``host.h``, and the schema do
-    not change the cubin.)"""
+    ``kernels_tl`` modules it imports (:func:`kernel_sources`), ``LOWERING_FORMAT``, the config,
+    the arch and the TileLang version.  (The host side, ``host.h``, and the schema do not
+    change the cubin.)"""
     import tilelang
 
     root = Path(inspect.getfile(kernel_module(kernel_name))).parents[2]
     h = hashlib.sha256()
     for source in kernel_sources(Path(inspect.getfile(kernel_module(kernel_name)))):
         h.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes())
-    h.update(Path(__file__).read_bytes())
-    h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__}, sort_keys=True).encode())
+    h.update(json.dumps({"config": config, "arch": arch, "tilelang": tilelang.__version__,
+                         "format": LOWERING_FORMAT}, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -131,9 +140,11 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     grid = [to_cpp(geometry.get(f"blockIdx.{d}", 1)) for d in "xyz"]
     block = [int(geometry.get(f"threadIdx.{d}", 1)) for d in "xyz"]
     dyn_smem = to_cpp(geometry.get("tirx.use_dyn_shared_memory", 0))
+    cluster = [int(geometry.get(f"tir.cluster_dim_{d}", 1)) for d in "xyz"]
     return LoweredKernel(
         kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
         params=params, grid=grid, block=block, dyn_smem=dyn_smem, pdl="has_cuda_pdl_sync" in dfunc.attrs,
+        cluster=cluster,
     )
 
 

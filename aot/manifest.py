@@ -2,7 +2,8 @@
 
 It records the toolchain, the archs, the table (and the shard of it a partial
 build holds) and, per kernel and static config, each arch's cubin
-(file, sha256, size), entry symbol, parameters, launch geometry and whether it
+(file, sha256, size), entry symbol, parameters, launch geometry (with its thread-block
+cluster shape) and whether it
 may be launched as a programmatic dependent of the previous grid, plus the
 public ops with their schemas (parameters, outputs, reference, samples, byte formulas).  The runtime package
 installs it; ``python -m tile_kernels_aot info`` and the bench read it.
@@ -54,6 +55,7 @@ def kernel_build_record(lowered, cubin_rel: str, cubin_bytes: bytes) -> dict:
         "block": lowered.block,
         "dyn_smem": lowered.dyn_smem,
         "pdl": lowered.pdl,
+        "cluster": lowered.cluster,
     }
 
 

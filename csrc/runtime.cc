@@ -782,22 +782,33 @@ thread_local LastLaunch t_last;
 // One launch of a loaded kernel. With `dependent`, a kernel that waits for the previous
 // grid itself (griddepcontrol.wait before any memory access) is launched as that grid's
 // programmatic dependent: its blocks may start while the previous grid drains, and in
-// a CUDA graph the gap between the two shrinks. Otherwise it launches plainly.
+// a CUDA graph the gap between the two shrinks. A kernel built for thread-block clusters
+// gets its cluster shape as a launch attribute. Otherwise it launches plainly.
 cu::CUresult issue(const cu::Driver* d, KernelEntry* e, const Geometry& g, cu::CUstream stream, void** params,
                    bool dependent) {
   auto f = reinterpret_cast<cu::CUfunction>(e->kernel.load(std::memory_order_relaxed));
-  if (!dependent || !e->pdl)
+  const bool clustered = g.cluster[0] > 1 || g.cluster[1] > 1 || g.cluster[2] > 1;
+  const bool programmatic = dependent && e->pdl;
+  if (!programmatic && !clustered)
     return d->cuLaunchKernel(f, static_cast<unsigned>(g.grid[0]), static_cast<unsigned>(g.grid[1]),
                              static_cast<unsigned>(g.grid[2]), static_cast<unsigned>(g.block[0]),
                              static_cast<unsigned>(g.block[1]), static_cast<unsigned>(g.block[2]),
                              static_cast<unsigned>(g.dyn_smem), stream, params, nullptr);
-  cu::CUlaunchAttribute attr{};
-  attr.id = cu::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr.value.programmatic_stream_serialization_allowed = 1;
+  cu::CUlaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (programmatic) {
+    attrs[n].id = cu::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n++].value.programmatic_stream_serialization_allowed = 1;
+  }
+  if (clustered) {
+    attrs[n].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    for (int i = 0; i < 3; ++i) attrs[n].value.cluster_dim[i] = static_cast<unsigned>(g.cluster[i] > 1 ? g.cluster[i] : 1);
+    ++n;
+  }
   cu::CUlaunchConfig config{static_cast<unsigned>(g.grid[0]),  static_cast<unsigned>(g.grid[1]),
                             static_cast<unsigned>(g.grid[2]),  static_cast<unsigned>(g.block[0]),
                             static_cast<unsigned>(g.block[1]), static_cast<unsigned>(g.block[2]),
-                            static_cast<unsigned>(g.dyn_smem), stream, &attr, 1};
+                            static_cast<unsigned>(g.dyn_smem), stream, attrs, n};
   return d->cuLaunchKernelEx(&config, f, params, nullptr);
 }
 }  // namespace

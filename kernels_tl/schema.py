@@ -205,19 +205,31 @@ class Routed:
 
 
 @dataclass(frozen=True)
+class Extent:
+    """An int argument that follows the sample's size: ``expr``, a Python expression over
+    ``T`` (the token count) and ``P`` (the rows of the sample's :class:`Routing` layout), e.g.
+    ``Extent("P")`` for a fused buffer of as many rows as the routing can need."""
+
+    expr: str
+    kind: str = "extent"
+
+
+@dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
     :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`, pairs as
-    :class:`Quantized`), at ``tokens``
-    tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"`` extents
-    come from.  The tests run every sample bit-exact against the reference; the bench times
-    them."""
+    :class:`Quantized`, sizes as :class:`Extent`), at ``tokens`` tokens, with ``routing`` the
+    :class:`Routing` its ``Routed`` tensors and ``"P"`` extents come from.  The tests run every
+    sample bit-exact against the reference; the bench times them.  ``host_sync``: the call
+    waits for the device (its output sizes depend on the data), so it cannot be captured in a
+    CUDA graph or traced with fake tensors: the bench and those tests leave it out."""
 
     name: str  # 'decode', 'prefill', or the upstream benchmark it mirrors
     tokens: int
     args: Sequence
     kwargs: dict = field(default_factory=dict)
     routing: Optional[Routing] = None
+    host_sync: bool = False
 
 
 # ---- ops and schema ---------------------------------------------------------------------
@@ -235,6 +247,11 @@ class Op:
     ``token_multiple``: the ``"T"`` extents the op accepts are multiples of it.
     ``dims``: ``(name, expression)`` pairs evaluated in order before the outputs'
     declarations, which may use them (e.g. ``("groups", "ceil_div(H, num_per_channels)")``).
+    ``wrapper``: the dotted path of a Python function of the runtime package that is the public
+    function (``tile_kernels_aot.<module>.<name>``), a thin wrapper over the generated C
+    function, which stays the kernel op (``samples.kernel_function``; the torch custom op and
+    its dynamo rule are the kernel op's).  It keeps the kernel op's signature and may return
+    more than its outputs (e.g. a list learnt with a host sync); None: the C function is public.
     """
 
     module: str
@@ -249,6 +266,7 @@ class Op:
     token_dim: Optional[int] = 0
     token_multiple: int = 1  # the token counts the op accepts are multiples of this
     dims: Sequence = ()
+    wrapper: Optional[str] = None
 
 
 @dataclass(frozen=True)

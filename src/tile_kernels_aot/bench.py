@@ -297,6 +297,10 @@ def run(json_path=None, only=None) -> int:
     copy_tbs = copy_bandwidth_tbs()
     rows, later, skipped = [], [], []
     for record, sample in _cases(only):
+        if sample.get("host_sync"):  # waits for the device: no CUDA graph, no pipelined loop
+            skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
+                            "num_tokens": sample["tokens"], "reason": "the call synchronizes with the host"})
+            continue
         try:
             row, calls, data = bench_op(record, sample, copy_tbs)
         except ValueError as e:  # a build from another shape table may lack a sample's config

@@ -4,7 +4,8 @@ A sample is plain data from the op folder's ``schema.py`` (recorded in the manif
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
 shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
 layout) and dtype, or as one tensor of the sample's routing (``routed``); a pre-quantized
-``(data, sf)`` pair as ``quantized`` (the reference ``per_block_cast`` of a normal tensor).
+``(data, sf)`` pair as ``quantized`` (the reference ``per_block_cast`` of a normal tensor), and
+sizes that follow the token count as expressions over ``T`` and ``P`` (``extent``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def resolve(dotted: str):
 def function(record: dict):
     """The public function of an op record."""
     return resolve(f"tile_kernels_aot.{record['module']}.{record['name']}")
+
+
+def kernel_function(record: dict):
+    """The generated C function of an op record: the public function itself, or for an op whose
+    public function is a Python wrapper (``wrapper`` in its schema) the kernel op it wraps."""
+    from tile_kernels_aot import _C
+
+    return getattr(getattr(_C, record["module"]), record["name"])
 
 
 def reference(record: dict):
@@ -102,6 +111,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
         routed = _routing_tensors(sample["routing"], tokens, gen, device, empty)
 
     def value(v):
+        if isinstance(v, dict) and v.get("kind") == "extent":
+            return int(eval(v["expr"], {"__builtins__": {}}, {"T": tokens, "P": routed.get("rows")}))
         if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):
             return tuple(value(e) for e in v)  # a (data, sf) pair
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v

@@ -174,3 +174,31 @@ def test_keywords_match_by_name_whatever_string_object_spells_them():
                 **{out: torch.empty(4, 2048)})
     _raises(TypeError, r"quant.per_token_cast: got an unexpected keyword argument 'outs'", quant.per_token_cast, x,
             "e4m3", 128, outs=None)
+
+
+def test_a_wrapped_op_is_exported_as_its_wrapper_over_the_kernel_op():
+    """moe.get_fused_mapping's public function is the Python wrapper its schema names; the kernel
+    op (the C function, the custom op's) keeps the same signature and checks the arguments."""
+    if "moe.get_fused_mapping" not in IDS:
+        pytest.skip("no get_fused_mapping in this build")
+    from tile_kernels_aot import _C, wrappers
+
+    record = manifest.op("moe.get_fused_mapping")
+    assert record["wrapper"] == "tile_kernels_aot.wrappers.get_fused_mapping"
+    assert moe.get_fused_mapping is wrappers.get_fused_mapping
+    assert samples.kernel_function(record) is _C.moe.get_fused_mapping
+    assert inspect.signature(moe.get_fused_mapping) == inspect.signature(_C.moe.get_fused_mapping)
+    assert "get_fused_mapping" in moe.__all__
+    idx = torch.zeros(4, 8, dtype=torch.int64)
+    op = "moe.get_fused_mapping"
+    # every mode reaches the C function's checks (on CPU tensors: the device check last)
+    for rows, force in ((0, False), (0, True), (64, False)):
+        _raises(ValueError, rf"{op}: topk_idx must be a CUDA tensor", moe.get_fused_mapping, idx, 8, rows, 16, force)
+    _raises(ValueError, rf"{op}: num_experts must be in \[0, 1024\]", moe.get_fused_mapping, idx, 1025, 0, 16)
+    _raises(ValueError, rf"{op}: alignment must be in \[1, ", moe.get_fused_mapping, idx, 8, 0, 0)
+    _raises(ValueError, rf"{op}: num_expanded_tokens must be in \[0, ", moe.get_fused_mapping, idx, 8, -1, 16)
+    _raises(ValueError, rf"{op}: num_expanded_tokens must be in \[0, ", moe.get_fused_mapping, idx, 8, 2**31, 16)
+    _raises(ValueError, rf"{op}: alignment is too large", moe.get_fused_mapping, idx, 8, 0, 2**30)
+    _raises(TypeError, rf"{op}: num_expanded_tokens must be an int", moe.get_fused_mapping, idx, 8, 1.5, 16)
+    _raises(TypeError, rf"{op}: got multiple values for argument 'alignment'", moe.get_fused_mapping, idx, 8, 0, 16,
+            alignment=16)

@@ -78,6 +78,8 @@ def test_every_op_is_a_custom_op_with_its_declared_schema(record):
 @pytest.mark.parametrize("record,sample", _sample_params())
 def test_fake_outputs_match_the_reference_on_cpu(record, sample):
     """The Meta kernel (the schema's output declarations) against the reference's outputs."""
+    if sample["host_sync"]:
+        pytest.skip("the call waits for the device: its output sizes depend on the data")
     args, kwargs = _cpu_call(record, sample)
     expected = samples.outputs_by_name(record, samples.reference(record)(*args, **kwargs))
     fake = samples.outputs_by_name(record, custom_ops.torch_call(qualname(record))(
@@ -94,6 +96,8 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
     to the custom op: one graph node, outputs sized by the symbolic token count."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    if sample["host_sync"]:
+        pytest.skip("the call waits for the device: its output sizes depend on the data")
     args, kwargs = _cpu_call(record, sample)
     # tensor arguments, a (data, sf) pair's two tensors each traced too: (position, index in the pair)
     positions = [(i, j) for i, a in enumerate(args)
@@ -209,7 +213,7 @@ def test_dynamo_rules_arrive_with_dynamo_and_the_import_stays_light(dynamo_first
         from torch._dynamo.variables import PolyfilledFunctionVariable
         handlers = PolyfilledFunctionVariable._get_polyfill_handlers()
         from tile_kernels_aot import manifest, samples
-        missing = [r["name"] for r in manifest.ops() if samples.function(r) not in handlers]
+        missing = [r["name"] for r in manifest.ops() if samples.kernel_function(r) not in handlers]
         print("missing rules:", missing)
     """)
     assert "dynamo imported by the package: False" in out

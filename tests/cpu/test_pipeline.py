@@ -124,6 +124,37 @@ def test_generated_stub_compiles(lowered, tmp_path):
 
 
 
+def test_cluster_shape_reaches_the_launch(lowered, tmp_path):
+    """A kernel built for thread-block clusters: the stub's geometry carries its cluster shape
+    (the launch sets it as an attribute), and a kernel without clusters gets {1, 1, 1}."""
+    import dataclasses
+
+    from aot import stubgen
+    from aot.manifest import kernel_build_record
+
+    assert lowered.cluster == [1, 1, 1]
+    for cluster in ([1, 1, 1], [8, 1, 1]):
+        record = kernel_build_record(dataclasses.replace(lowered, cluster=cluster), "sm_90a/x.cubin", b"\0")
+        assert record["cluster"] == cluster
+        text = stubgen._launcher("launch_0", record, "moe.topk_gate")
+        assert f"{lowered.dyn_smem}, {{{', '.join(map(str, cluster))}}}}};" in text
+
+
+def test_installed_cluster_kernel_records_its_cluster():
+    """moe.get_fused_mapping is one cluster of 8 blocks (its kernel.py: CLUSTER): the installed
+    manifest says so for every arch, so the launch sets the cluster shape."""
+    manifest = pytest.importorskip("tile_kernels_aot.manifest")
+    try:
+        kernels = manifest.load()["kernels"]
+    except FileNotFoundError:
+        pytest.skip("no installed bundle")
+    configs = kernels.get("moe.get_fused_mapping", {}).get("configs", [])
+    if not configs:
+        pytest.skip("moe.get_fused_mapping is not in this build")
+    for build in configs[0]["builds"].values():
+        assert build["cluster"] == [8, 1, 1] and build["grid"] == ["8", "1", "1"]
+
+
 def test_readme_operator_table_is_current():
     from aot.docs import README, updated_readme
 

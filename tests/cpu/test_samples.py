@@ -85,3 +85,15 @@ def test_pairs_and_bytes_of_quantized_and_optional_tensors():
     out = torch.empty(10, 64, dtype=torch.bfloat16)
     assert samples.bytes_moved(record, args, {}, {"out": out}) == 1280 + 40 + 1280
     assert samples.bytes_moved({**record, "bytes": None}, args, {}, {"out": out}) == 1280 + 40 + 1280
+
+
+def test_extents_follow_the_token_count():
+    from kernels_tl.schema import Extent, Randint
+
+    sample = to_json(Sample("sized", 10, [Routed("topk_idx"), Extent("P"), Extent("T * 3 + 1")],
+                            {"rows": Extent("P + 5")}, routing=Routing(num_topk=4, num_experts=8, alignment=16)))
+    for empty in (False, True):
+        (topk_idx, rows, other), kwargs = samples.make_args(sample, 50, torch.Generator().manual_seed(0), "cpu", empty)
+        assert topk_idx.shape == (50, 4) and rows == 50 * 4 + 8 * 15 and other == 151 and kwargs["rows"] == rows + 5
+    plain = to_json(Sample("plain", 10, [Randint(["T", 2], "int64", 0, 4), Extent("T * 2")]))
+    assert samples.make_args(plain, 7, torch.Generator().manual_seed(0), "cpu")[0][1] == 14

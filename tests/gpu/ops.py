@@ -55,6 +55,13 @@ def function(record):
     return _on_clones(record, fn) if in_place(record) else fn
 
 
+def kernel_function(record):
+    """The generated C function (the kernel op the torch custom op mirrors): the public function,
+    or the one its Python wrapper calls; for an in-place op, one that returns its updated clones."""
+    fn = samples.kernel_function(record)
+    return _on_clones(record, fn) if in_place(record) else fn
+
+
 def reference(record):
     ref = samples.reference(record)
     return _on_clones(record, ref) if in_place(record) else ref

@@ -11,7 +11,7 @@ import tile_kernels_aot as tk
 from tile_kernels_aot import custom_ops, samples, serving_block
 
 from checks import assert_bits_equal
-from ops import OPS, function, in_place, mutable_names, outputs_by_name, qualname
+from ops import OPS, in_place, kernel_function, mutable_names, outputs_by_name, qualname
 
 BLOCK_OPS = {"moe.topk_gate", "moe.normalize_weight", "quant.per_token_cast",
              "quant.swiglu_forward_and_per_token_cast", "transpose.transpose"}
@@ -80,7 +80,7 @@ def test_custom_op_matches_the_c_function(record, sample, gen):
     outputs(): the same shapes, strides and dtypes, and the same bits."""
     args, kwargs, values = _call(record, sample, gen)
     op = getattr(torch.ops.tile_kernels_aot, record["name"])
-    direct = outputs_by_name(record, function(record)(*args, **kwargs))
+    direct = outputs_by_name(record, kernel_function(record)(*args, **kwargs))
     if in_place(record):  # the effect on clones of the mutable tensors
         mutable = mutable_names(record)
         names = [n for n, _, _ in custom_ops.torch_params(record)]

@@ -21,6 +21,7 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
 constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
 // cuda.h's CUlaunchAttribute and CUlaunchConfig (layouts fixed by the driver ABI).
@@ -30,6 +31,7 @@ struct CUlaunchAttribute {
   union {
     char bytes[64];
     int programmatic_stream_serialization_allowed;
+    unsigned cluster_dim[3];  // clusterDim {x, y, z}
   } value;
 };
 struct CUlaunchConfig {

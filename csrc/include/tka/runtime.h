@@ -140,6 +140,9 @@ struct Geometry {
   int64_t grid[3];
   int64_t block[3];
   int64_t dyn_smem;
+  // Blocks per thread-block cluster along x, y, z; all 0 or 1: no clusters (the launch
+  // then sets no cluster attribute).
+  int64_t cluster[3];
 };
 // One prebuilt cubin: loaded on first use (thread-safe), once per process.
 struct KernelEntry {

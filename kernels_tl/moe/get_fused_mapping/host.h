@@ -1,0 +1,78 @@
+// moe.get_fused_mapping: host side (interface: tka/host.h).
+#pragma once
+
+#include "args.h"
+
+namespace tka::moe_get_fused_mapping::get_fused_mapping {
+
+// Thread e of each block owns expert e (kernel.py: MAX_EXPERTS); kernel_args checks this
+// against the kernel's own constant.
+constexpr int64_t kMaxExperts = 1024;
+// Rows and flat entries are int32 in the kernel, with room for a warp range and a stride of
+// the cluster past the last one: every layout and every row count stays below this.
+constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 16);
+
+struct Plan {
+  int64_t num_tokens, num_topk, num_elements, num_experts, rows;
+};
+
+inline bool plan(const char* op, const Args& a, Plan& p, Config&) {
+  p.num_tokens = a.topk_idx.shape[0];
+  p.num_topk = a.topk_idx.shape[1];
+  p.num_experts = a.num_experts;
+  TKA_CHECK(a.num_experts >= 0 && a.num_experts <= kMaxExperts, "num_experts",
+            "must be in [0, %lld] (one expert per thread of the kernel), got %lld", static_cast<long long>(kMaxExperts),
+            static_cast<long long>(a.num_experts));
+  TKA_CHECK(a.alignment >= 1 && a.alignment < kMaxRows, "alignment", "must be in [1, 2^31 - 2^16), got %lld",
+            static_cast<long long>(a.alignment));
+  TKA_CHECK(a.num_expanded_tokens >= 0 && a.num_expanded_tokens < kMaxRows, "num_expanded_tokens",
+            "must be in [0, 2^31 - 2^16) (the rows are int32), got %lld", static_cast<long long>(a.num_expanded_tokens));
+  TKA_CHECK(p.num_tokens == 0 || p.num_topk < kMaxRows / p.num_tokens, "topk_idx",
+            "is too large: %lld x %lld entries; the fused layout's rows are int32 (below 2^31 - 2^16)",
+            static_cast<long long>(p.num_tokens), static_cast<long long>(p.num_topk));
+  p.num_elements = p.num_tokens * p.num_topk;
+  // The most rows the layout can need: every expert's count rounded up to alignment.
+  const int64_t bound = p.num_elements + p.num_experts * (a.alignment - 1);  // < 2^31 * 1025: no overflow
+  TKA_CHECK(bound < kMaxRows, "alignment",
+            "is too large: num_tokens * num_topk + num_experts * (alignment - 1) = %lld must be below 2^31 - 2^16 "
+            "(the fused layout's rows are int32)", static_cast<long long>(bound));
+  // No sync in the kernel op: num_expanded_tokens rows, or in sync mode the most the layout
+  // can need (TileKernels' bound), which the public wrapper trims after its host sync.
+  const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
+  p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
+  return true;
+}
+
+inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
+  dense_output(s.pos_to_expert, I32, {p.rows});
+  dense_output(s.pos_to_token, I32, {p.rows});
+  dense_output(s.pos_to_token_topk, I32, {p.rows});
+  dense_output(s.token_topk_to_pos, I32, {p.num_tokens, p.num_topk});
+  dense_output(s.expert_start, I32, {p.num_experts});
+  dense_output(s.expert_end, I32, {p.num_experts});
+  dense_output(s.num_tokens_per_expert, I32, {p.num_experts});
+}
+
+// Every output element is written by the kernel: a launch whenever there is one.
+inline bool needs_launch(const Plan& p) { return p.rows > 0 || p.num_elements > 0 || p.num_experts > 0; }
+
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+  TKA_CHECK(p.num_experts <= c.max_experts, "num_experts", "must be at most %lld for this kernel, got %lld",
+            static_cast<long long>(c.max_experts), static_cast<long long>(p.num_experts));
+  k.topk_idx = a.topk_idx.data;
+  k.pos_to_expert = o.pos_to_expert.data;
+  k.pos_to_token = o.pos_to_token.data;
+  k.pos_to_token_topk = o.pos_to_token_topk.data;
+  k.token_topk_to_pos = o.token_topk_to_pos.data;
+  k.expert_start = o.expert_start.data;
+  k.expert_end = o.expert_end.data;
+  k.num_tokens_per_expert = o.num_tokens_per_expert.data;
+  k.num_elements = p.num_elements;
+  k.num_rows = p.rows;
+  k.num_experts = p.num_experts;
+  k.num_topk = p.num_elements > 0 ? p.num_topk : 1;  // the divisor of flat index -> token (any with no entries)
+  k.alignment = a.alignment;
+  return true;
+}
+
+}  // namespace tka::moe_get_fused_mapping::get_fused_mapping

@@ -1,0 +1,75 @@
+"""Public functions that are thin Python wrappers over a kernel op (an op schema's ``wrapper``).
+
+A wrapper keeps its kernel op's signature (``__signature__``), hands every argument to the
+generated C function unchanged (which parses and checks them and raises the op's own errors),
+and adds what a single launch cannot give: here, the host sync that learns a data-dependent
+size.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+
+from tile_kernels_aot import _C
+
+
+def _argument(args: tuple, kwargs: dict, index: int, name: str, default):
+    """The value of parameter ``name`` (at position ``index``) as the call passes it."""
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def _wraps(kernel_op):
+    """Gives the wrapper the kernel op's name, documentation and signature."""
+
+    def decorate(fn):
+        fn = functools.wraps(kernel_op)(fn)
+        fn.__signature__ = inspect.signature(kernel_op)
+        del fn.__wrapped__
+        return fn
+
+    return decorate
+
+
+_ROW_OUTPUTS = ("pos_to_expert", "pos_to_token", "pos_to_token_topk")
+
+
+@_wraps(_C.moe.get_fused_mapping)
+def get_fused_mapping(*args, **kwargs):
+    """The kernel op ``moe.get_fused_mapping`` returns seven tensors and never synchronizes:
+    with ``num_expanded_tokens == 0`` and ``force_no_sync`` False its row outputs have the most
+    rows the layout can need.  This wrapper then copies the aligned counts to the host once,
+    returns them as a list and the row outputs trimmed to their sum, as TileKernels does.
+    Row outputs given as ``out=`` in that mode fix the row count instead (their length, which
+    must be at least the sum; checked after the sync) and are returned whole."""
+    rows = _argument(args, kwargs, 2, "num_expanded_tokens", None)
+    force_no_sync = _argument(args, kwargs, 4, "force_no_sync", False)
+    try:
+        rows = None if isinstance(rows, bool) else operator.index(rows)
+    except TypeError:
+        rows = None  # the C function refuses it
+    if rows != 0 or force_no_sync:
+        return (*_C.moe.get_fused_mapping(*args, **kwargs), [])
+    given = next((kwargs[n] for n in _ROW_OUTPUTS if kwargs.get(n) is not None), None)
+    if given is not None and len(getattr(given, "shape", ())) == 1:
+        # the caller's buffers fix the row count: a no-sync launch over them, then the counts
+        args, kwargs = list(args), dict(kwargs)
+        for index, name, value in ((2, "num_expanded_tokens", int(given.shape[0])), (4, "force_no_sync", True)):
+            if len(args) > index:
+                args[index] = value
+            else:
+                kwargs[name] = value
+    else:
+        given = None
+    result = _C.moe.get_fused_mapping(*args, **kwargs)
+    counts = result[6].tolist()
+    total = sum(counts)
+    if given is not None:
+        if total > given.shape[0]:
+            raise ValueError(f"moe.get_fused_mapping: pos_to_expert (the given row outputs) has {given.shape[0]} rows, "
+                             f"fewer than the fused layout needs ({total}); the pairs past its end were not placed")
+        return (*result, counts)
+    return (result[0][:total], result[1][:total], result[2][:total], *result[3:], counts)
