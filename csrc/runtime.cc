@@ -732,6 +732,28 @@ bool load_kernel(const char* op, KernelEntry* e) {
 
 void set_kernel_dir(const char* dir) { g_kernel_dir = dir; }
 
+int device_sm_count(const char* op, int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};  // count + 1; 0: not asked yet
+  if (device < 0 || device >= kMaxDevices) {
+    value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);
+    return -1;
+  }
+  int cached = cache[device].load(std::memory_order_relaxed);
+  if (cached > 0) return cached - 1;
+  const cu::Driver* d = driver_or_error(op);
+  if (d == nullptr) return -1;
+  cu::CUdevice dev = 0;
+  int count = 0;
+  cu::CUresult r = d->cuDeviceGet(&dev, device);
+  if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&count, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  if (r != cu::CUDA_SUCCESS) {
+    runtime_error(op, "cannot query cuda:%d: %s", device, cu::describe(r).c_str());
+    return -1;
+  }
+  cache[device].store(count + 1, std::memory_order_relaxed);
+  return count;
+}
+
 int device_arch(const char* op, int device) {
   if (device < 0 || device >= kMaxDevices) {
     value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);

@@ -105,15 +105,17 @@ class Out:
 
     ``dtype``, ``shape`` and ``strides`` declare it as Python expressions over the call's
     parameters by name (tensors with ``.shape``), the op's ``dims``, and the helpers
-    ``ceil_div``, ``align_up`` and ``sym_max``: ``dtype`` gives a dtype name (or a tensor's ``.dtype``), ``shape`` a
+    ``ceil_div``, ``align_up``, ``sym_max`` and ``num_sms`` (a tensor's device's SM count;
+    132 off CUDA): ``dtype`` gives a dtype name (or a tensor's ``.dtype``), ``shape`` a
     list of sizes, ``strides`` a list of strides or None for a contiguous tensor.  The
     torch.library registration allocates outputs and builds fake tensors from them, with
     the token dim symbolic; the host side's ``outputs`` computes the same in C++, and the
     GPU tests check that the two agree for every sample.  ``optional``: the host may leave
-    it out (it is then returned as None).  ``positional``: the output is also the public
-    function's last positional parameter(s) (after every :class:`Param`, default None), as
-    where upstream's signature takes ``out=None`` positionally; positional outputs come first
-    among the outputs."""
+    it out (it is then returned as None); its ``shape`` expression then gives None, and the
+    torch.library schema returns it as ``Tensor?``.  ``positional``: the output is also the
+    public function's last positional parameter(s) (after every :class:`Param`, default None),
+    as where upstream's signature takes ``out=None`` positionally; positional outputs come
+    first among the outputs."""
 
     name: str
     dtype: str

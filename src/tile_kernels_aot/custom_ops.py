@@ -55,8 +55,16 @@ def align_up(a, b):
     return ceil_div(a, b) * b
 
 
+def num_sms(tensor):
+    """Streaming multiprocessors of a CUDA tensor's device (ops with one block per SM);
+    132 (an H200's) for other devices, as the references use."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.get_device_properties(tensor.device).multi_processor_count
+    return 132
+
+
 _HELPERS = {"__builtins__": {"list": list, "len": len, "int": int}, "ceil_div": ceil_div,
-            "align_up": align_up, "sym_max": torch.sym_max}
+            "align_up": align_up, "sym_max": torch.sym_max, "num_sms": num_sms}
 
 
 class OutputDeclarations:
@@ -78,7 +86,8 @@ class OutputDeclarations:
 
     def evaluate(self, values: dict) -> list:
         """``[(name, dtype, shape, strides or None)]`` of the outputs for the parameters
-        ``values`` (tensors may be fake, with symbolic sizes)."""
+        ``values`` (tensors may be fake, with symbolic sizes); an optional output whose
+        shape declaration gives None is absent (shape None)."""
         if self.outs is None:
             self._compile()
         scope = dict(values)
@@ -87,13 +96,14 @@ class OutputDeclarations:
         result = []
         for name, dtype, shape, strides in self.outs:
             dt = eval(dtype, _HELPERS, scope)
+            extents = eval(shape, _HELPERS, scope)
             result.append((name, dt if isinstance(dt, torch.dtype) else getattr(torch, dt),
-                           list(eval(shape, _HELPERS, scope)), eval(strides, _HELPERS, scope)))
+                           None if extents is None else list(extents), eval(strides, _HELPERS, scope)))
         return result
 
     def allocate(self, values: dict, device) -> list:
-        """Empty output tensors as declared, on ``device``."""
-        return [torch.empty(shape, dtype=dtype, device=device) if strides is None
+        """Empty output tensors as declared, on ``device`` (None for an absent optional one)."""
+        return [None if shape is None else torch.empty(shape, dtype=dtype, device=device) if strides is None
                 else torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 for _, dtype, shape, strides in self.evaluate(values)]
 
@@ -144,17 +154,17 @@ def _decl(params: list) -> str:
 def schemas(record: dict, params: list) -> tuple:
     """The functional op's schema and the out form's (None for an op without outputs), as
     ``torch.library`` defines them, over ``torch_params(record)``."""
-    for o in record["outs"]:
-        if o["optional"]:
-            raise ValueError(f"{record['module']}.{record['name']}: optional outputs have no torch schema yet")
-    n = len(flat_returns(record["returns"]))
-    returns = "()" if n == 0 else "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+    optional = {o["name"]: o["optional"] for o in record["outs"]}
+    kinds = ["Tensor?" if optional[r] else "Tensor" for r in flat_returns(record["returns"])]
+    n = len(kinds)
+    returns = "()" if n == 0 else kinds[0] if n == 1 else "(" + ", ".join(kinds) + ")"
     functional = f"{record['name']}({_decl(params)}) -> {returns}"
     taken = sum(1 for _, text, _ in params if "!" in text)
     letters = "abcdefghijklmnopqrstuvwxyz"[taken:]
     if not record["outs"]:  # an in-place op: nothing to pass as out=, no out form
         return functional, None
-    outs = ", ".join(f"Tensor({letters[i]}!) {o['name']}" for i, o in enumerate(record["outs"]))
+    outs = ", ".join(f"Tensor({letters[i]}!){'?' if o['optional'] else ''} {o['name']}"
+                     for i, o in enumerate(record["outs"]))
     out_form = f"{record['name']}_out({_decl(params)}, *, {outs}) -> ()"
     return functional, out_form
 

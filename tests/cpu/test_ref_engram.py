@@ -1,4 +1,4 @@
-"""Defining properties of the engram references and the EngramGateFn autograd Function.
+"""Defining properties of the engram references and the reference-backed EngramGateRefFn autograd Function.
 
 Runs without tile_kernels.  The gate is checked against an independent float64
 statement of its definition (``F.rms_norm``, a plain dot product, signed square
@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tile_kernels_aot.modeling.engram import EngramGateFn, engram_gate
+from tile_kernels_aot.modeling.engram import EngramGateRefFn as EngramGateFn
+from tile_kernels_aot.modeling.engram import engram_gate_ref as engram_gate
 from tile_kernels_aot.torch import engram as ref
 from tile_kernels_aot.torch.engram import (
     engram_gate_bwd,

@@ -69,8 +69,9 @@ def reference(record):
 
 def outputs_by_name(record, result) -> dict:
     """``{name: tensor}`` of what :func:`function` or :func:`reference` returned (an in-place
-    op's updated tensors by parameter name)."""
+    op's updated tensors by parameter name).  Optional outputs the call left out (None)
+    are not listed, so both sides of a comparison must leave out the same ones."""
     if not in_place(record):
-        return samples.outputs_by_name(record, result)
+        return {k: v for k, v in samples.outputs_by_name(record, result).items() if v is not None}
     returned = result if isinstance(result, tuple) else (result,)
     return dict(zip(mutable_names(record), returned))

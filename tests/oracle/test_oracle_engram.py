@@ -301,14 +301,14 @@ def test_engram_gate_fn_against_oracle_autograd():
     leaves = [x.view(shape).clone().requires_grad_(), k.view(shape).clone().requires_grad_(),
               v.view(6, 50, hidden).clone().requires_grad_(), wh.clone().requires_grad_(),
               we.clone().requires_grad_()]
-    out = our_modeling.engram_gate(*leaves, CLAMP, EPS)
+    out = our_modeling.engram_gate_ref(*leaves, CLAMP, EPS)
     assert out.shape == shape and out.dtype == torch.bfloat16
     assert calc_diff(out, out_o.view(shape)) < 2e-10
     out.backward(grad_out.view(shape))
     # Weight .grad lands in the bf16 parameter dtype; compare the fp32 values through main_grad.
     wh_m, we_m = wh.clone().requires_grad_(), we.clone().requires_grad_()
     wh_m.main_grad, we_m.main_grad = torch.zeros(HC, hidden), torch.zeros(HC, hidden)
-    our_modeling.engram_gate(x.view(shape), k.view(shape), v.view(6, 50, hidden), wh_m, we_m, CLAMP, EPS).backward(
+    our_modeling.engram_gate_ref(x.view(shape), k.view(shape), v.view(6, 50, hidden), wh_m, we_m, CLAMP, EPS).backward(
         grad_out.view(shape)
     )
     got = (leaves[0].grad.view_as(x), leaves[1].grad.view_as(k), leaves[2].grad.view_as(v),

@@ -16,10 +16,19 @@ and return structure.  Arithmetic runs in float32 (float64 when an input is
 float64, which is what gradient checks use); bf16 results are rounded once at
 the end.  ``dot`` (the saved intermediate) is the *unnormalised* sum above.
 
+Every operation is written out so that its result does not depend on the
+device or on torch's reduction kernels, and the kernels reproduce it bit for
+bit: products and sums are single float32 roundings (no fused multiply-add),
+``/ H`` is an IEEE division, ``rsqrt(m)`` is ``1 / sqrt(m)`` (both correctly
+rounded), ``sigmoid(s)`` is ``1 / (1 + exp(-s))`` (``exp`` is the device's:
+CUDA ``expf`` on the GPU), and each sum has a fixed order (``_lane_sum``,
+``_stream_sum``, the token-chunk sums below).
+
 ``engram_hash`` computes embedding-table indices from n-gram token ids.
 """
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "engram_gate_fwd",
@@ -36,10 +45,65 @@ __all__ = [
 # meaningful; the split is a layout detail of the kernel.
 DEFAULT_NUM_PERSISTENT_BLOCKS = 132
 
+# Summation orders over the hidden dim (the kernels' layouts).  Element ``d`` of a row
+# belongs to lane ``l`` as ``d = (j * lanes + l) * VEC + i``; each lane adds its
+# elements in order of ``(j, i)`` into a float32 zero, then the lanes combine as a
+# butterfly (``a[l] + a[l ^ s]`` for s = 16, 8, 4, 2, 1 inside 32-lane warps, then
+# s = 32, 64, ... across warps).  engram_gate_fwd sums with one warp per
+# (token, stream) row (``FWD_LANES``); engram_gate_bwd's ``dL/dgate`` with four
+# warps per row (``BWD_LANES``).
+VEC = 8
+FWD_LANES = 32
+BWD_LANES = 128
+
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 if any input is float64, else float32 (the kernels' accumulation type)."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _lane_sum(terms: torch.Tensor, lanes: int) -> torch.Tensor:
+    """Sum over the last dim in the kernels' order (see ``VEC``): ``[..., H] -> [...]``."""
+    hidden = terms.shape[-1]
+    span = lanes * VEC
+    padded = -(-hidden // span) * span
+    if padded != hidden:  # +0 terms leave a sum that starts at +0 unchanged
+        terms = F.pad(terms, (0, padded - hidden))
+    split = terms.reshape(*terms.shape[:-1], padded // span, lanes, VEC)
+    acc = terms.new_zeros((*terms.shape[:-1], lanes))
+    for j in range(padded // span):
+        for i in range(VEC):
+            acc = acc + split[..., j, :, i]
+    offsets = [16, 8, 4, 2, 1] + [32 << b for b in range(max(lanes // 32, 1).bit_length() - 1)]
+    lane = torch.arange(lanes, device=terms.device)
+    for s in offsets:
+        if s < lanes:
+            acc = acc + acc[..., lane ^ s]
+    return acc[..., 0].contiguous()
+
+
+def _div(a: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``a / divisor`` as an IEEE division on every device (torch turns a division by a
+    Python number on CUDA into a multiplication by its float32 reciprocal)."""
+    return a / torch.full((), divisor, dtype=a.dtype, device=a.device)
+
+
+def _rsqrt(m: torch.Tensor) -> torch.Tensor:
+    """``1 / sqrt(m)``, two correctly rounded operations (the same on every device)."""
+    return 1.0 / torch.sqrt(m)
+
+
+def _sigmoid(s: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + exp(-s))``: the device's ``exp``, an IEEE add and an IEEE division."""
+    return 1.0 / (torch.exp(-s) + 1.0)
+
+
+def _stream_sum(terms: torch.Tensor) -> torch.Tensor:
+    """Sum over the stream dim (-2), left to right: ``((t0 + t1) + t2) + ...``."""
+    acc = terms[..., 0, :]
+    for h in range(1, terms.shape[-2]):
+        acc = acc + terms[..., h, :]
+    return acc
 
 
 def _num_persistent_blocks(device: torch.device) -> int:
@@ -100,14 +164,14 @@ def engram_gate_fwd(
     kf = k.to(dtype)
     w = weight_fused.to(dtype)
 
-    # x * w is exact in float32 for bf16 x and bf16*bf16 w; one rounding per term.
-    dot = (x * w * kf).sum(dim=-1)
-    rstd_x = torch.rsqrt(x.square().sum(dim=-1) / hidden_size + eps)
-    rstd_k = torch.rsqrt(kf.square().sum(dim=-1) / hidden_size + eps)
+    # (x * w) * k, one rounding per product; sums in the kernel's order (_lane_sum).
+    dot = _lane_sum(x * w * kf, FWD_LANES)
+    rstd_x = _rsqrt(_div(_lane_sum(x * x, FWD_LANES), hidden_size) + eps)
+    rstd_k = _rsqrt(_div(_lane_sum(kf * kf, FWD_LANES), hidden_size) + eps)
 
     z = dot * rstd_x * rstd_k * scalar
     # copysign (not sign(z) * ...): z == +0 gives +sqrt(clamp_value), as the kernel does.
-    gate_score = torch.sigmoid(torch.copysign(z.abs().clamp_min(clamp_value).sqrt(), z))
+    gate_score = _sigmoid(torch.copysign(z.abs().clamp_min(clamp_value).sqrt(), z))
 
     output = (x + gate_score.unsqueeze(-1) * v.to(dtype).unsqueeze(-2)).to(hidden_states.dtype)
     if not save_for_backward:
@@ -168,7 +232,7 @@ def engram_gate_bwd(
     w = weight_fused.to(dtype)
     dot, gate, rx, rk = (t.to(dtype) for t in (dot, gate_score, rstd_x, rstd_k))
 
-    dl_dgate = (g * vf.unsqueeze(1)).sum(dim=-1)
+    dl_dgate = _lane_sum(g * vf.unsqueeze(1), BWD_LANES)
     abs_dot = dot.abs()
     clamped = abs_dot * scalar * rx * rk < clamp_value
     # The sqrt branch may be inf/nan where dot == 0; torch.where discards it there.
@@ -179,19 +243,23 @@ def engram_gate_bwd(
     )
     r3 = r.unsqueeze(-1)
 
-    dot_x = (dot * rx * rx / hidden_size).unsqueeze(-1)
-    dot_k = (dot * rk * rk / hidden_size).unsqueeze(-1)
+    dot_x = _div(dot * rx * rx, hidden_size).unsqueeze(-1)
+    dot_k = _div(dot * rk * rk, hidden_size).unsqueeze(-1)
     grad_x = g + r3 * (kf * w - x * dot_x)
     grad_k = r3 * (x * w - kf * dot_k)
-    grad_v = (g * gate.unsqueeze(-1)).sum(dim=1)
+    grad_v = _stream_sum(g * gate.unsqueeze(-1))
 
-    # Per-token weight-gradient terms, summed over P contiguous chunks of tokens.
+    # Per-token weight-gradient terms (r * x) * k, summed over P contiguous chunks of
+    # tokens, each in token order from a zero.
     num_blocks = _num_persistent_blocks(hidden_states.device)
     per_block = -(-num_tokens // num_blocks)
     terms = r3 * x * kf
     padded = terms.new_zeros((num_blocks * per_block, hc_mult, hidden_size))
     padded[:num_tokens] = terms
-    grad_w_partial = padded.view(num_blocks, per_block, hc_mult, hidden_size).sum(dim=1)
+    chunks = padded.view(num_blocks, per_block, hc_mult, hidden_size)
+    grad_w_partial = terms.new_zeros((num_blocks, hc_mult, hidden_size))
+    for i in range(per_block):
+        grad_w_partial = grad_w_partial + chunks[:, i]
 
     return (
         grad_x.to(hidden_states.dtype),
@@ -223,7 +291,10 @@ def grad_w_reduce(
     Returns:
         None.
     """
-    total = grad_w_partial.sum(dim=0)
+    # rows added in order into a zero (the kernel's order); products and sums rounded apart
+    total = grad_w_partial.new_zeros(grad_w_partial.shape[1:])
+    for p in range(grad_w_partial.shape[0]):
+        total = total + grad_w_partial[p]
     grad_weight_hidden.add_(total * weight_embed.to(total.dtype))
     grad_weight_embed.add_(total * weight_hidden.to(total.dtype))
 

@@ -1,0 +1,205 @@
+"""engram.engram_gate_bwd: the Engram gate backward from the forward's saved intermediates.
+
+``grad_out`` (g), ``hidden_states`` (x) bf16 [T, 4, H] (contiguous), ``k`` bf16 [T, 4, H]
+(unit last stride, strides multiples of 8), ``v`` bf16 [T, H] (row stride a multiple of 8),
+``weight_fused`` (w) fp32 [4, H], ``dot``, ``gate_score``, ``rstd_x``, ``rstd_k`` fp32 [T, 4]
+-> ``grad_hidden_states``, ``grad_k`` bf16 [T, 4, H], ``grad_v`` bf16 [T, H],
+``grad_w_partial`` fp32 [P, 4, H].  Per token and stream, every product and sum rounded on
+its own (no FMA), in the reference's order (``tile_kernels_aot.torch.engram``):
+
+    dl   = sum_d g * v                    (128 lanes: ``_lane_sum(..., BWD_LANES)``)
+    r    = 0 if ((|dot| * s) * rstd_x) * rstd_k < clamp
+           else (((dl * gate) * (1 - gate)) * 0.5) * sqrt(((s * rstd_x) * rstd_k) / |dot|)
+    grad_x = g + r * (k * w - x * (((dot * rstd_x) * rstd_x) / H))
+    grad_k =     r * (x * w - k * (((dot * rstd_k) * rstd_k) / H))
+    grad_v = ((g0 * gate0 + g1 * gate1) + g2 * gate2) + g3 * gate3
+    grad_w_partial[p] = (0 + t_first) + ... + t_last,   t = (r * x) * k, over token chunk p
+
+Design
+------
+``P`` blocks (the device's SM count: one per SM), block ``p`` walks its chunk of
+``ceil(T / P)`` tokens in order, so that each column's weight-gradient sum is one chain in a
+register of the thread that owns the column.  512 threads: warps ``4c .. 4c+3`` own stream
+``c``; lane ``l`` of the stream owns the 16-byte pieces ``j * 128 + l`` (``j < H / 1024``) of
+the row, ``8 * H / 1024`` accumulators.  Per token:
+
+1. g and v pieces (16-byte loads, all in flight together) -> ``dl`` partial sums in the
+   reference's order; g is stashed in shared memory for ``grad_v``;
+2. warp butterfly, then the four warp sums of the stream through shared memory,
+   ``(w0 + w1) + (w2 + w3)``; ``r`` per stream;
+3. ``grad_v`` from the stash (every thread a share of the pieces, the 4 streams in order);
+4. x, k and w pieces (w: 4 * 4 * H bytes, L1/L2-resident), ``grad_x``, ``grad_k`` (16-byte
+   stores), the weight-gradient terms; meanwhile the next token's g and v pieces are
+   prefetched into L2 (``prefetch.global.L2``), so that step 1 of the next token reads L2.
+
+Tokens, P and strides are run-time values; ``hc_mult`` (4) and ``H`` are static.  Element
+offsets are 64-bit.
+"""
+
+from tilelang import language as T
+
+from kernels_tl.dependent_launch import wait_for_previous_grid
+
+WARP = 32
+PIECE = 8  # bf16 elements per 16-byte access
+LANES = 128  # threads per stream (the reference's BWD_LANES)
+HC = 4
+THREADS = HC * LANES
+SPAN = LANES * PIECE
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
+
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ void tka_prefetch_l2_if(const void* p, int cond) {
+  asm volatile("{ .reg .pred q; setp.ne.s32 q, %1, 0; @q prefetch.global.L2 [%0]; }" :: "l"(p), "r"(cond));
+}
+"""
+
+
+def _f32(value):
+    return T.cast(value, T.float32)
+
+
+def engram_gate_bwd_kernel(hc_mult, hidden):
+    assert hc_mult == HC, "the backward kernel is built for hc_mult == 4"
+    assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
+    steps = hidden // SPAN
+    pieces = hidden // PIECE
+    share = -(-pieces // THREADS)  # grad_v pieces per thread
+    num_tokens = T.dynamic("num_tokens", "int64")
+    num_blocks = T.dynamic("num_blocks", "int64")  # P
+    k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
+    k_stride_c = T.dynamic("k_stride_c", "int64")
+    v_stride_t = T.dynamic("v_stride_t", "int64")
+
+    @T.prim_func
+    def engram_gate_bwd(
+        grad_out: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        hidden_states: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        k: T.StridedTensor[(num_tokens, HC, pieces, PIECE), (k_stride_t, k_stride_c, PIECE, 1), T.bfloat16],
+        v: T.StridedTensor[(num_tokens, pieces, PIECE), (v_stride_t, PIECE, 1), T.bfloat16],
+        weight_fused: T.Tensor[(HC, pieces, PIECE), T.float32],
+        dot: T.Tensor[(num_tokens, HC), T.float32],
+        gate_score: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_x: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_k: T.Tensor[(num_tokens, HC), T.float32],
+        grad_x: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_k: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_v: T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16],
+        grad_w_partial: T.Tensor[(num_blocks, HC, pieces, PIECE), T.float32],
+        clamp_value: T.float32,
+        scalar: T.float32,  # H ** -0.5 rounded to float32
+    ):
+        with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
+            wait_for_previous_grid()  # programmatic dependent launch
+            T.import_source(DEVICE_SOURCE)
+            T.assume(k_stride_t % PIECE == 0)
+            T.assume(k_stride_c % PIECE == 0)
+            T.assume(v_stride_t % PIECE == 0)
+            T.assume(num_blocks > 0)
+            tid = T.get_thread_binding()
+            c = tid // LANES
+            lane = tid % LANES
+            warp = tid // WARP
+
+            g_stash = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+            warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
+            gv = T.alloc_local((PIECE,), T.bfloat16)
+            vv = T.alloc_local((PIECE,), T.bfloat16)
+            xv = T.alloc_local((PIECE,), T.bfloat16)
+            kv = T.alloc_local((PIECE,), T.bfloat16)
+            wv = T.alloc_local((PIECE,), T.float32)
+            ox = T.alloc_local((PIECE,), T.bfloat16)
+            ok = T.alloc_local((PIECE,), T.bfloat16)
+            acc_w = T.alloc_local((steps, PIECE), T.float32)
+            gates = T.alloc_local((HC,), T.float32)
+            dl = T.alloc_var(T.float32)
+            r = T.alloc_var(T.float32)
+            gsum = T.alloc_var(T.float32)
+
+            per_block = T.ceildiv(num_tokens, num_blocks)
+            t_start = T.min(T.Cast("int64", bid) * per_block, num_tokens)
+            t_end = T.min(t_start + per_block, num_tokens)
+
+            for j in T.unroll(steps):
+                for i in T.unroll(PIECE):
+                    acc_w[j, i] = T.float32(0)
+
+            for t in T.serial(t_start, t_end):
+                T.sync_threads()  # the previous token's stash and warp sums are read
+                # ---- 1. dL/dgate partial sums; g stashed
+                dl = T.float32(0)
+                for j in T.unroll(steps):
+                    for i in T.vectorized(PIECE):
+                        gv[i] = grad_out[t, c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        vv[i] = v[t, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        g_stash[c, j * LANES + lane, i] = gv[i]
+                    for i in T.unroll(PIECE):
+                        dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
+                # ---- 2. the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
+                for s in T.unroll(5):
+                    dl = dl + T.shfl_xor(dl, 16 >> s)
+                if tid % WARP == 0:
+                    warp_sums[warp] = dl
+                T.sync_threads()
+                dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
+                d_c = dot[t, c]
+                gate_c = gate_score[t, c]
+                rx = rstd_x[t, c]
+                rk = rstd_k[t, c]
+                abs_dot = T.abs(d_c)
+                below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
+                slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
+                r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
+                    dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
+                dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
+                dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
+                # ---- 3. grad_v = sum over streams of g * gate, in stream order
+                for h in T.unroll(HC):
+                    gates[h] = gate_score[t, h]
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        for i in T.unroll(PIECE):
+                            gsum = T.ieee_mul(_f32(g_stash[0, m * THREADS + tid, i]), gates[0])
+                            for h in T.unroll(1, HC):
+                                gsum = gsum + T.ieee_mul(_f32(g_stash[h, m * THREADS + tid, i]), gates[h])
+                            ox[i] = T.cast(gsum, T.bfloat16)
+                        for i in T.vectorized(PIECE):
+                            grad_v[t, m * THREADS + tid, i] = ox[i]
+                # ---- 4. grad_x, grad_k, weight-gradient terms; the next token's g, v to L2
+                for j in T.unroll(steps):
+                    T.evaluate(T.call_extern("void", "tka_prefetch_l2_if",
+                                             T.address_of(grad_out[T.min(t + 1, num_tokens - 1), c, j * LANES + lane, 0]),
+                                             T.Cast("int32", t + 1 < t_end)))
+                    if c == 0:
+                        T.evaluate(T.call_extern("void", "tka_prefetch_l2_if",
+                                                 T.address_of(v[T.min(t + 1, num_tokens - 1), j * LANES + lane, 0]),
+                                                 T.Cast("int32", t + 1 < t_end)))
+                    for i in T.vectorized(PIECE):
+                        xv[i] = hidden_states[t, c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        kv[i] = k[t, c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        wv[i] = weight_fused[c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        gv[i] = g_stash[c, j * LANES + lane, i]
+                    for i in T.unroll(PIECE):
+                        xf = _f32(xv[i])
+                        kf = _f32(kv[i])
+                        ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(r, T.ieee_sub(
+                            T.ieee_mul(kf, wv[i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
+                        ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[i]), T.ieee_mul(kf, dot_k))),
+                                       T.bfloat16)
+                        acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
+                    for i in T.vectorized(PIECE):
+                        grad_x[t, c, j * LANES + lane, i] = ox[i]
+                    for i in T.vectorized(PIECE):
+                        grad_k[t, c, j * LANES + lane, i] = ok[i]
+
+            # ---- the chunk's weight-gradient sums (zeros for an empty chunk)
+            for j in T.unroll(steps):
+                for i in T.vectorized(PIECE):
+                    grad_w_partial[bid, c, j * LANES + lane, i] = acc_w[j, i]
+
+    return engram_gate_bwd
