@@ -56,7 +56,8 @@ def test_quantized_pair_sample():
     data, sf = pair
     assert data.dtype == torch.int8 and data.shape == (70, 128)
     assert sf.dtype == torch.int32 and sf.shape == (3, 2) and sf.stride() == (1, 4)
-    record = {"params": [{"name": "x"}, {"name": "fmt"}, {"name": "num_per_channels"}], "bytes": None}
+    record = {"params": [{"name": "x", "type": {"kind": "quantized"}}, {"name": "fmt", "type": {"kind": "str"}},
+                         {"name": "num_per_channels", "type": {"kind": "int"}}], "bytes": None}
     assert samples.bytes_moved(record, [pair, fmt, npc], {}, {}) == data.nbytes + sf.nbytes
     (empty_pair, _, _), _ = samples.make_args(sample, 1, device="cpu", empty=True)
     assert empty_pair[0].shape == (1, 128) and empty_pair[1].shape == (1, 2)

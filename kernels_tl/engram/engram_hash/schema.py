@@ -38,6 +38,7 @@ SCHEMA = Schema(
                 # negative ids, int64-overflowing products: wrapping XOR, floor modulo
                 _sample("n=4, wide", 777, 4, 3, 8, (-(2**31), 2**31 - 1), (-(2**62), 2**62)),
             ],
+            token_dim=None,  # per-token rows, but the output's token dim is its second ([L, T, ...])
             doc=("engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets) -> [L, T, (n-1)*E] int32: "
                  "h_i = XOR_{j<=i} int64(ids[t, j]) * multipliers[l, j] (wrapping), "
                  "out[l, t, (i-1)*E + e] = int32(floormod(h_i, vocab_sizes[l, i-1, e]) + offsets[l, (i-1)*E + e]).  "

@@ -52,6 +52,7 @@ SCHEMA = Schema(
                 _sample("groups of 128, round_sf, clamp 2, hidden 2560", 300, 2560, 128, TOP4_OF_16,
                         round_sf=True, swiglu_clamp_value=2.0),
             ],
+            token_dim=None,  # rows are fused positions of a routing; weight_grad is per token
             doc=("SwiGLU backward from an e4m3 (data, sf) input with the top-k routing weights, fused with a "
                  "per-token e4m3 cast of the input gradient: returns (out, (x_grad_fp8, x_grad_sf), x_grad, "
                  "weight_grad). See tile_kernels_aot.torch.swiglu.swiglu_backward_and_per_token_cast."),
