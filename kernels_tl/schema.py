@@ -235,6 +235,11 @@ class Op:
     ``token_multiple``: the ``"T"`` extents the op accepts are multiples of it.
     ``dims``: ``(name, expression)`` pairs evaluated in order before the outputs'
     declarations, which may use them (e.g. ``("groups", "ceil_div(H, num_per_channels)")``).
+    ``tolerance``: ``{out name: (rtol, atol)}`` for outputs the reference computes in an order
+    the kernel cannot follow (a cuBLAS GEMM, a PyTorch reduction whose tree depends on the
+    launch shape); the tests accept ``|got - want| <= rtol * |want| + atol * max|want|``
+    (``max`` over the whole output) with NaN and infinities at the same places.  Every other
+    output is compared bit for bit.  Say why in docs/ops.md.
     """
 
     module: str
@@ -249,6 +254,7 @@ class Op:
     token_dim: Optional[int] = 0
     token_multiple: int = 1  # the token counts the op accepts are multiples of this
     dims: Sequence = ()
+    tolerance: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
