@@ -254,6 +254,11 @@ class Op:
     function, which stays the kernel op (``samples.kernel_function``; the torch custom op and
     its dynamo rule are the kernel op's).  It keeps the kernel op's signature and may return
     more than its outputs (e.g. a list learnt with a host sync); None: the C function is public.
+    ``tolerance``: ``{out name: (rtol, atol)}`` for outputs the reference computes in an order
+    the kernel cannot follow (a cuBLAS GEMM, a PyTorch reduction whose tree depends on the
+    launch shape); the tests accept ``|got - want| <= rtol * |want| + atol * max|want|``
+    (``max`` over the whole output) with NaN and infinities at the same places.  Every other
+    output is compared bit for bit.  Say why in docs/ops.md.
     """
 
     module: str
@@ -269,6 +274,7 @@ class Op:
     token_multiple: int = 1  # the token counts the op accepts are multiples of this
     dims: Sequence = ()
     wrapper: Optional[str] = None
+    tolerance: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

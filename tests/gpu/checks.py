@@ -55,3 +55,38 @@ def assert_bits_equal(actual, expected, what=""):
         raise AssertionError(f"{what}: {int(bad.sum())} of {a.numel()} elements differ; first at flat index {idx}: "
                              f"{flat_a[idx].float().item() if a.dtype != torch.int64 else flat_a[idx].item()} vs "
                              f"{flat_e[idx].float().item() if e.dtype != torch.int64 else flat_e[idx].item()}")
+
+
+def assert_close_to(actual, expected, rtol, atol, what=""):
+    """``|actual - expected| <= rtol * |expected| + atol * max|expected|`` for every element (the
+    max over the whole tensor), NaN and infinities at the same places: an op's declared
+    tolerance for an output whose reference order it cannot follow (``Op.tolerance``)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    a = actual.detach().double().cpu()
+    e = expected.detach().double().cpu()
+    if a.numel() == 0:
+        return
+    special = ~torch.isfinite(e)
+    assert torch.equal(~torch.isfinite(a), special), f"{what}: NaN / inf at other places than the reference's"
+    assert torch.equal(a[special].nan_to_num(), e[special].nan_to_num()), f"{what}: infinities differ"
+    finite = ~special
+    if not finite.any():
+        return
+    bound = rtol * e[finite].abs() + atol * e[finite].abs().max()
+    err = (a[finite] - e[finite]).abs()
+    bad = err > bound
+    if bad.any():
+        idx = bad.nonzero()[0].item()
+        raise AssertionError(f"{what}: {int(bad.sum())} of {int(finite.sum())} elements outside rtol={rtol}, "
+                             f"atol={atol} of max; first: {a[finite][idx].item()} vs {e[finite][idx].item()}")
+
+
+def assert_matches(record, name, actual, expected, what=""):
+    """An output of op ``record`` against the reference's: within the op's declared tolerance for
+    that output (``Op.tolerance``), else bit for bit."""
+    tolerance = (record.get("tolerance") or {}).get(name)
+    if tolerance is None:
+        assert_bits_equal(actual, expected, what)
+    else:
+        assert_close_to(actual, expected, *tolerance, what)

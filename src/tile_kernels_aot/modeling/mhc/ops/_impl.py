@@ -3,6 +3,13 @@
 Each name of :mod:`tile_kernels_aot.torch.mhc` that the autograd Functions call resolves to
 the prebuilt kernel of ``tile_kernels_aot.mhc`` when this build has one of that name, and to
 the PyTorch reference otherwise; :func:`sources` says which, per name.
+
+A kernel takes per-token tensors with the leading dims flattened into one token dim
+(``[N, H]``, ``[N, M, H]``, ``[N, M, 1]``), on a CUDA device, in its dtypes (bf16 streams,
+float32 mixes).  The call here flattens the caller's leading dims (``(n0, n1, ...)``) on the
+way in and restores them on the results, and runs the reference instead for a call the
+kernels do not take: tensors off the GPU or of other dtypes (float64 for ``gradcheck``), a
+non-contiguous ``out``, or a static configuration (``mhc_mult``) this build lacks.
 """
 
 from __future__ import annotations
@@ -20,13 +27,92 @@ def _kernels():
     return mhc
 
 
+class _Unsupported(Exception):
+    """A call the kernel does not take: run the reference."""
+
+
+def _flat(t: torch.Tensor, lead: tuple, rest: int, dtypes, is_out: bool = False) -> torch.Tensor:
+    if not t.is_cuda or str(t.dtype).rsplit(".", 1)[-1] not in dtypes or t.dim() < rest:
+        raise _Unsupported
+    if tuple(t.shape[:t.dim() - rest]) != lead or (is_out and not t.is_contiguous()):
+        raise _Unsupported  # the kernel's own checks (or the reference's) name the mismatch
+    return t.reshape(-1, *t.shape[t.dim() - rest:]) if not is_out else t.view(-1, *t.shape[t.dim() - rest:])
+
+
+def _attach_residual_grad(bound: dict, result) -> None:
+    """``mhc_post_bwd(..., fuse_grad_acc=True)``: hang ``d_residual`` on the residual's storage,
+    as the reference (and upstream) do."""
+    if bound.get("fuse_grad_acc", True):
+        bound["residual"].untyped_storage().grad_from_mhc_post = result[1]
+
+
+_AFTER = {"mhc_post_bwd": _attach_residual_grad}
+
+
+def _kernel_call(name: str, kernel, reference):
+    """``kernel`` with the caller's leading dims, or ``reference`` for a call it does not take."""
+    from tile_kernels_aot import manifest
+
+    record = manifest.op(f"mhc.{name}")
+    names = [p["name"] for p in record["params"]] + [o["name"] for o in record["outs"] if o.get("positional")]
+    tensors = {p["name"]: p["type"] for p in record["params"] if p["type"]["kind"] == "tensor"}
+    outs = {o["name"] for o in record["outs"]}
+    first = next(iter(tensors))
+    first_rest = tensors[first]["ndim"] - 1
+    after = _AFTER.get(name)
+
+    def call(*args, **kwargs):
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        try:
+            head = bound.get(first)
+            if not isinstance(head, torch.Tensor) or head.dim() < first_rest:
+                raise _Unsupported
+            lead = tuple(head.shape[:head.dim() - first_rest])
+            flat = dict(bound)
+            for pname, spec in tensors.items():
+                if bound.get(pname) is not None:
+                    flat[pname] = _flat(bound[pname], lead, spec["ndim"] - 1, spec["dtypes"])
+            given = {}
+            for oname in outs:
+                if bound.get(oname) is not None:
+                    t = bound[oname]
+                    given[id(t)] = t
+                    flat[oname] = _flat(t, lead, t.dim() - len(lead), [str(t.dtype).rsplit(".", 1)[-1]], True)
+            try:
+                result = kernel(**flat)
+            except ValueError as e:
+                if "no prebuilt kernel" in str(e):
+                    raise _Unsupported from e
+                raise
+        except _Unsupported:
+            return reference(*args, **kwargs)
+
+        originals = {id(flat[o]): bound[o] for o in outs if bound.get(o) is not None}
+
+        def restore(r):
+            if id(r) in originals:
+                return originals[id(r)]
+            return r.view(*lead, *r.shape[1:]) if isinstance(r, torch.Tensor) else r
+
+        result = tuple(restore(r) for r in result) if isinstance(result, tuple) else restore(result)
+        if after is not None:
+            after(bound, result)
+        return result
+
+    call.__name__ = name
+    call.__doc__ = getattr(reference, "__doc__", None)
+    return call
+
+
 class _Impl:
     """Attribute access to the kernel of a name when built, else its reference."""
 
     def __getattr__(self, name):
         kernels = _kernels()
-        fn = getattr(kernels, name, None) if kernels is not None else None
-        fn = fn or getattr(_reference, name)
+        reference = getattr(_reference, name)
+        kernel = getattr(kernels, name, None) if kernels is not None else None
+        fn = _kernel_call(name, kernel, reference) if kernel is not None else reference
         setattr(self, name, fn)
         return fn
 

@@ -1,0 +1,84 @@
+"""The modeling package's mHC ops run the prebuilt kernels where the build has them
+(``ops._impl.sources()``), and fall back to the references for calls the kernels do not
+take (CPU tensors, float64), with the caller's leading dims."""
+
+import pytest
+import torch
+
+from tile_kernels_aot.modeling.mhc.ops import _impl
+from tile_kernels_aot.torch import mhc as ref
+
+STREAM_OPS = ["expand_to_mhc", "expand_to_mhc_bwd", "mhc_pre_apply_mix", "mhc_pre_apply_mix_bwd",
+              "mhc_post", "mhc_post_fwd", "mhc_post_bwd"]
+
+
+def _built() -> set:
+    try:
+        from tile_kernels_aot import mhc
+    except ImportError:
+        return set()
+    return set(mhc.__all__)
+
+
+@pytest.mark.parametrize("name", STREAM_OPS)
+def test_sources_report_the_kernel_when_built(name):
+    if name not in _built():
+        pytest.skip(f"this build has no mhc.{name}")
+    assert _impl.sources()[name] == "kernel"
+
+
+def test_sources_cover_every_reference_name():
+    sources = _impl.sources()
+    assert set(sources) == set(ref.__all__)
+    assert set(sources.values()) <= {"kernel", "reference"}
+    built = _built()
+    assert {n for n, s in sources.items() if s == "kernel"} == built & set(ref.__all__)
+
+
+def test_calls_the_kernels_do_not_take_run_the_reference():
+    """CPU and float64 tensors, leading dims (n0, n1): the results are the reference's."""
+    if not _built() & set(STREAM_OPS):
+        pytest.skip("this build has no mHC stream kernels")
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 4, 64, generator=gen).bfloat16()
+    mix = torch.rand(2, 3, 4, 1, generator=gen)
+    assert torch.equal(_impl.impl.mhc_pre_apply_mix(x, mix), ref.mhc_pre_apply_mix(x, mix))
+    hidden = torch.randn(2, 3, 64, generator=gen, dtype=torch.float64)
+    out = torch.empty(2, 3, 4, 64, dtype=torch.float64)
+    assert _impl.impl.expand_to_mhc(hidden, 4, out) is out
+    assert torch.equal(out, ref.expand_to_mhc(hidden, 4))
+    comb = torch.rand(2, 3, 4, 4, generator=gen)
+    d_o = torch.randn(2, 3, 4, 64, generator=gen).bfloat16()
+    got = _impl.impl.mhc_post_bwd(x[..., 0, :], x, mix, comb, d_o, fuse_grad_acc=True)
+    want = ref.mhc_post_bwd(x[..., 0, :], x, mix, comb, d_o, fuse_grad_acc=False)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert torch.equal(x.untyped_storage().grad_from_mhc_post, want[1])
+
+
+def test_op_tolerance_is_data_and_checked_as_declared():
+    """``Op.tolerance`` (an output compared within ``rtol * |want| + atol * max|want|``): plain
+    JSON data in the manifest, and the GPU tests' comparison accepts exactly that bound."""
+    import importlib.util
+    from pathlib import Path
+
+    from kernels_tl.schema import Op, to_json
+
+    op = Op(module="m", name="n", params=[], outs=[], returns=[], reference="r", samples=[], doc="",
+            tolerance={"y": (1e-3, 1e-4)})
+    assert to_json(op)["tolerance"] == {"y": [1e-3, 1e-4]}
+    assert to_json(Op(module="m", name="n", params=[], outs=[], returns=[], reference="r", samples=[],
+                      doc=""))["tolerance"] == {}
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "checks.py"
+    spec = importlib.util.spec_from_file_location("gpu_checks", path)
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
+    record = {"tolerance": {"y": [1e-3, 1e-4]}}
+    want = torch.tensor([1000.0, 1.0, float("nan"), float("inf")])
+    checks.assert_matches(record, "y", want + torch.tensor([0.5, 0.05, 0, 0]), want)  # within 1e-3*|w| + 0.1
+    with pytest.raises(AssertionError):
+        checks.assert_matches(record, "y", want + torch.tensor([0.0, 0.2, 0, 0]), want)
+    with pytest.raises(AssertionError):
+        checks.assert_matches(record, "y", torch.tensor([1000.0, 1.0, 0.0, float("inf")]), want)  # NaN moved
+    with pytest.raises(AssertionError):  # no tolerance for "z": bit for bit
+        checks.assert_matches(record, "z", want + torch.tensor([0.5, 0, 0, 0]), want)
