@@ -26,9 +26,13 @@ Scores go to shared memory (the weights read the picked ones), keys become uint3
 in shared memory, lane ``g`` folds group ``g``'s top 2 (NaN-keeping), the group sums are
 ranked by shuffles, and a ballot gives the allowed groups; experts of other groups get the
 key of ``-inf`` (they still tie with real ``-inf`` keys by index, as in the reference).
-Selection: per round, ``redux.sync.max`` gives the best key and ``redux.sync.min`` the
-smallest expert holding it; the owner drops it and lane ``r`` keeps round ``r``'s winner.
-Every lane accumulates the denominator in round order from the shared scores.
+Selection, as ``moe.topk_gate``: composite keys (the low bits of each key replaced by
+``idx_mask - expert``) make one ``redux.sync.max`` per round name the winner; the result is
+exact when no key has low bits set or the prefixes of the k + 1 best composite keys differ
+pairwise (checked per round), else the warp redoes the rounds exactly from the plain keys
+(kept in shared memory): ``redux.sync.max`` of the keys, then ``redux.sync.min`` of the
+experts holding it.  The owner drops the winner and lane ``r`` keeps round ``r``'s; every
+lane accumulates the denominator in round order from the shared scores.
 
 Everything but the size class is a run-time value: scoring function, expert, group and
 top-k counts, options, ranks.  Token, row and output offsets are 64-bit.
@@ -41,7 +45,7 @@ from kernels_tl.nan_max import DEVICE_SOURCE, max_nan
 
 WARP = 32
 # 4 warps = 4 tokens per block: small blocks fill the SMs at decode sizes, and the
-# per-warp staging (3 * max_experts words) stays at 24 KiB per block for 512 experts.
+# per-warp staging (4 * max_experts words) stays at 32 KiB per block for 512 experts.
 TOKENS_PER_BLOCK = 4
 MAX_EXPERTS = 512
 MAX_GROUPS = 32  # a token's groups are lanes of its warp
@@ -98,6 +102,10 @@ def top2_sum_gate_kernel(max_experts: int):
     assert max_experts % WARP == 0 and WARP <= max_experts <= MAX_EXPERTS, \
         f"max_experts must be a multiple of {WARP} in [{WARP}, {MAX_EXPERTS}], got {max_experts}"
     slots = max_experts // WARP
+    # composite keys: the low idx_bits carry idx_mask - expert, the rest is the key's prefix
+    idx_bits = (max_experts - 1).bit_length()
+    idx_mask = (1 << idx_bits) - 1
+    prefix_mask = 0xFFFFFFFF ^ idx_mask
     num_logits = T.dynamic("num_logits", "int64")  # num_tokens * num_experts
     num_slots_out = T.dynamic("num_slots_out", "int64")  # num_tokens * (num_topk + num_shared)
     num_unmapped = T.dynamic("num_unmapped", "int64")  # the unmapped_topk_idx storage span
@@ -157,6 +165,7 @@ def top2_sum_gate_kernel(max_experts: int):
             scores_s = T.alloc_shared((TOKENS_PER_BLOCK, max_experts), T.float32)
             keys_s = T.alloc_shared((TOKENS_PER_BLOCK, max_experts), T.float32)
             counts_s = T.alloc_shared((TOKENS_PER_BLOCK, max_experts), T.int32)
+            plain_s = T.alloc_shared((TOKENS_PER_BLOCK, max_experts), T.uint32)  # keys for the exact rounds
             x = T.alloc_local((slots,), T.float32)
             b = T.alloc_local((slots,), T.float32)
             sc = T.alloc_local((slots,), T.float32)
@@ -175,6 +184,9 @@ def top2_sum_gate_kernel(max_experts: int):
             denominator = T.alloc_var(T.float32)
             picked = T.alloc_var(T.float32)
             offer = T.alloc_var(T.uint32)
+            low_bits = T.alloc_var(T.uint32)
+            last = T.alloc_var(T.uint32)  # the previous round's composite winner
+            distinct = T.alloc_var(T.int32)  # every prefix so far differed from the previous one
             rank_idx = T.alloc_var(T.int64)
             logical = T.alloc_var(T.int64)
             weight = T.alloc_var(T.float32)
@@ -296,20 +308,59 @@ def top2_sum_gate_kernel(max_experts: int):
                                 if s * WARP + lane < num_experts and ((allowed >> T.Cast("uint32", group))
                                                                       & T.uint32(1)) == T.uint32(0):
                                     keys[s] = T.uint32(_NEG_INF_KEY)
-                        # 4. top-k: the best key, then the smallest expert holding it
+                        # 4. top-k.  Composite pass: the low idx_bits of each key become
+                        # idx_mask - expert, so keys are unique and one redux.max per round names
+                        # the winner.  Exact when no key has low bits set, or when the prefixes
+                        # of the k + 1 best composite keys differ pairwise (checked per round).
+                        low_bits = T.uint32(0)
+                        for s in T.unroll(slots):
+                            low_bits = low_bits | (keys[s] & T.uint32(idx_mask))
+                            if s * WARP + lane < num_experts:
+                                plain_s[warp, s * WARP + lane] = keys[s]
+                        exact_prefixes = T.warp_reduce_bitor(low_bits) == T.uint32(0)
+                        for s in T.unroll(slots):
+                            keys[s] = T.if_then_else(
+                                keys[s] != T.uint32(_REMOVED),
+                                (keys[s] & T.uint32(prefix_mask)) | (T.uint32(idx_mask - s * WARP) - T.Cast("uint32", lane)),
+                                T.uint32(_REMOVED))
+                        last = T.uint32(0)
+                        distinct = 1
                         for r in T.serial(num_topk):
-                            best = T.warp_reduce_max(_lane_max(keys, slots))
-                            offer = T.uint32(_NO_OFFER)
-                            for s_ in T.unroll(slots):
-                                offer = T.if_then_else(keys[slots - 1 - s_] == best, T.uint32((slots - 1 - s_) * WARP),
-                                                       offer)
-                            winner = T.warp_reduce_min(offer + T.Cast("uint32", lane))
+                            winner = T.warp_reduce_max(_lane_max(keys, slots))
+                            distinct = distinct & T.Cast(
+                                "int32", (winner & T.uint32(prefix_mask)) != (last & T.uint32(prefix_mask)))
+                            last = winner
                             for s in T.unroll(slots):
-                                keys[s] = T.if_then_else(T.Cast("int32", winner) - lane == s * WARP,
-                                                         T.uint32(_REMOVED), keys[s])
+                                keys[s] = T.if_then_else(keys[s] == winner, T.uint32(_REMOVED), keys[s])
+                            expert = T.Cast("int32", T.uint32(idx_mask) - (winner & T.uint32(idx_mask)))
                             if lane == r:
-                                rank_idx = T.Cast("int64", winner)
-                            denominator = denominator + scores_s[warp, T.Cast("int32", winner)]
+                                rank_idx = T.Cast("int64", expert)
+                            denominator = denominator + scores_s[warp, expert]
+                        if not exact_prefixes:
+                            # the (k+1)-th prefix must differ from the k-th too (0 when none is left)
+                            following = T.warp_reduce_max(_lane_max(keys, slots))
+                            distinct = distinct & T.Cast(
+                                "int32", (following & T.uint32(prefix_mask)) != (last & T.uint32(prefix_mask)))
+                            if distinct == 0:
+                                # Exact rounds on the plain keys: the best key, then the smallest
+                                # expert holding it.
+                                for s in T.unroll(slots):
+                                    keys[s] = T.if_then_else(s * WARP + lane < num_experts,
+                                                             plain_s[warp, s * WARP + lane], T.uint32(_REMOVED))
+                                denominator = T.float32(1e-20)
+                                for r in T.serial(num_topk):
+                                    best = T.warp_reduce_max(_lane_max(keys, slots))
+                                    offer = T.uint32(_NO_OFFER)
+                                    for s_ in T.unroll(slots):
+                                        offer = T.if_then_else(keys[slots - 1 - s_] == best,
+                                                               T.uint32((slots - 1 - s_) * WARP), offer)
+                                    winner = T.warp_reduce_min(offer + T.Cast("uint32", lane))
+                                    for s in T.unroll(slots):
+                                        keys[s] = T.if_then_else(T.Cast("int32", winner) - lane == s * WARP,
+                                                                 T.uint32(_REMOVED), keys[s])
+                                    if lane == r:
+                                        rank_idx = T.Cast("int64", winner)
+                                    denominator = denominator + scores_s[warp, T.Cast("int32", winner)]
                     else:
                         # a fixed row: the stored experts (a negative one reads expert 0's
                         # score, as the reference's clamp does)
