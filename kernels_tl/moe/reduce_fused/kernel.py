@@ -95,6 +95,7 @@ def reduce_fused_kernel(in_dtype: str, out_dtype: str):
             scale = T.alloc_local((C,), T.float32)
             pending = T.alloc_var(T.uint32)  # the chunk's routed slots not yet reduced, one bit each
             slot = T.alloc_var(T.int32)
+            groups = T.alloc_var(T.int32)
             token = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
             token = (bid * THREADS + tid) // lanes_per_row
@@ -113,7 +114,10 @@ def reduce_fused_kernel(in_dtype: str, out_dtype: str):
                     for i in T.unroll(KC):
                         if pos[i] >= 0 and pos[i] < num_rows:
                             pending = pending | T.uint32(1 << i)
-                    for g in T.serial(T.ceildiv(T.call_extern(T.int32, "__popc", pending), C)):
+                    # the group count fixed before the loop: a bound over `pending` itself would be
+                    # re-evaluated after each group has consumed its bits
+                    groups = T.ceildiv(T.call_extern(T.int32, "__popc", pending), C)
+                    for g in T.serial(groups):
                         for s in T.unroll(C):
                             slot = T.call_extern(T.int32, "__ffs", pending) - 1  # -1: none left
                             pending = pending & (pending - T.uint32(1))
