@@ -601,6 +601,8 @@ bool make_outputs(const char* op, int n, const char* const* names, PyObject* con
   int64_t total = 0;
   int fresh = 0;
   for (int i = 0; i < n; ++i) {
+    if (!specs[i].skip && specs[i].dtype == UNKNOWN)
+      return runtime_error(op, "internal error: the host side gave output %s no layout and did not skip it", names[i]);
     if (specs[i].skip) {
       if (given[i] != nullptr && given[i] != Py_None)
         return value_error(op, "%s= was given, but this call produces no %s", names[i], names[i]);

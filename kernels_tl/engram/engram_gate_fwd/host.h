@@ -50,6 +50,8 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
     dense_output(s.gate_score, F32, {p.num_tokens, p.hc_mult});
     dense_output(s.rstd_x, F32, {p.num_tokens, p.hc_mult});
     dense_output(s.rstd_k, F32, {p.num_tokens, p.hc_mult});
+  } else {  // nothing saved: returned as None
+    s.dot.skip = s.gate_score.skip = s.rstd_x.skip = s.rstd_k.skip = true;
   }
 }
 
