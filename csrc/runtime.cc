@@ -793,7 +793,7 @@ int device_arch(const char* op, int device) {
 }
 
 namespace {
-constexpr int kMaxParams = 32;
+constexpr int kMaxParams = 64;
 struct LastLaunch {
   KernelEntry* entry = nullptr;
   Geometry g{};

@@ -247,6 +247,8 @@ for record in manifest.ops():
     ours = samples.outputs_by_name(record, samples.function(record)(*args, **kwargs))
     ref = samples.outputs_by_name(record, samples.reference(record)(*args, **kwargs))
     for name, t in ours.items():
+        if name in record.get("tolerance", {}):  # compared within its tolerance in test_ops
+            continue
         e = ref[name]
         assert torch.equal(t.cpu().contiguous().view(torch.uint8), e.cpu().contiguous().view(torch.uint8)), (record["name"], name)
     checks += 1

@@ -86,7 +86,9 @@ def test_engram_gate_against_float64_reference(clamp, gen):
     out, grads = _run(engram_gate, leaves, grad, clamp)
     leaves64 = [t.detach().double() for t in leaves]
     out64, grads64 = _run(engram_gate_ref, leaves64, grad.double(), clamp)
-    assert _calc_diff(out, out64) < 1e-6
+    # the bf16 output's own rounding alone gives calc_diff of about 1.3e-6 on normal data
+    # (relative error up to 2^-9): the bound is a few times that floor
+    assert _calc_diff(out, out64) < 4e-6
     for name, a, b in zip(["hidden_states", "k", "v", "weight_hidden", "weight_embed"], grads, grads64):
         assert _calc_diff(a, b) < 1e-4, name
 
