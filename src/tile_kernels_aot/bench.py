@@ -301,6 +301,8 @@ def run(json_path=None, only=None) -> int:
             skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
                             "num_tokens": sample["tokens"], "reason": "the call synchronizes with the host"})
             continue
+        # progress on stderr: a kernel fault stops the process, and this names the sample
+        print(f"bench: {record['module']}.{record['name']} [{sample['name']}]", file=sys.stderr, flush=True)
         try:
             row, calls, data = bench_op(record, sample, copy_tbs)
         except ValueError as e:  # a build from another shape table may lack a sample's config
