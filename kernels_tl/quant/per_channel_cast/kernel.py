@@ -1,0 +1,274 @@
+"""quant.per_channel_cast, quant.per_channel_cast_and_transpose, quant.per_channel_cast_fused:
+e4m3 quantization with one scale factor per channel per ``num_per_tokens`` consecutive rows.
+
+``x`` [num_tokens, hidden] (bf16, fp32, or pre-quantized e4m3 codes with per-token factors
+``x_sf`` [num_tokens, hidden / 128] that are applied first) -> ``out`` e4m3 [num_rows, hidden]
+(or, transposed, [hidden, num_rows]) and ``out_sf`` fp32 [ceil(num_rows / npt), hidden]
+(row-major).  Output row ``r`` is input row ``r``, or with ``gather`` input row
+``pos_to_token[r]`` (a zero row where that is negative or past the input).  The arithmetic is
+the reference's (``tile_kernels_aot.torch.quant``): ``v = x`` (pre-quantized:
+``v = fl(q * s_in)``), ``amax`` per (row block, channel) over the existing rows, NaN kept,
+``sf = max(amax, 1e-4) / 448``, ``sf_inv = 448 / max(amax, 1e-4)`` (IEEE divisions; with
+``round_sf`` powers of two, ``kernels_tl/quant_math.py``), ``out = e4m3(fl(v * sf_inv))``
+(``cvt.rn.satfinite``).
+
+Design
+------
+Memory-bound.  A block of 256 threads owns a tile of 128 rows x 128 bytes of input row
+(``CH`` channels: 64 bf16, 32 fp32, 128 e4m3; a 16-byte *piece* is ``V`` channels).  Thread
+``tid`` takes piece ``tid % 8`` of the 4 consecutive rows ``4 * (tid // 8) + i``: four 16-byte
+loads (all in flight before the first use), so a warp instruction reads 4 whole 128-byte
+lines.  With ``gather`` the thread first loads the 4 positions of its rows (one 16-byte load).
+
+1. amax of each of the thread's channels over its 4 rows (bf16: on packed pairs,
+   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element), then over
+   the 4 row groups of the warp (``shfl_xor`` 8, 16): a warp holds the maxima of 16 rows.
+2. Lanes 0-7 of each warp write them to shared memory ([8 warps][CH] fp32); barrier.
+3. One thread per (row block of ``npt`` rows, channel) in the tile takes the max over the
+   ``npt / 16`` warps of its block, computes (sf, sf_inv), writes sf to ``out_sf`` (consecutive
+   threads: consecutive channels) and sf_inv to shared memory; barrier.
+4. Each thread encodes its 4 x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
+   into 32-bit words.  In place: 4 stores of V bytes (whole 32-byte sectors per 4 lanes).
+   Transposed (bf16): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per channel,
+   the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot XORed
+   with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
+   go out, 8 lanes per 128-byte output line.
+
+Rows past ``num_rows`` (a partial last block) and pieces past ``hidden`` load nothing (they add
+0 to the maxima) and store nothing.  Offsets into ``x``, ``x_sf``, ``out`` and ``out_sf`` are
+64-bit.  ``npt`` (16, 32, 64 or 128), ``gather`` and ``round_sf`` are run-time values.
+
+Static configurations: ``in_dtype`` (bfloat16, float32, float8_e4m3fn) x ``transpose`` (0; 1 for
+bfloat16): 4.  Not yet measured on the GPU (``notes.md``).
+"""
+
+from tilelang import language as T
+
+from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
+from kernels_tl.nan_max import bf16x2_max_nan, max_nan
+from kernels_tl.quant.per_token_cast.kernel import CAST_SOURCE
+from kernels_tl.quant_math import scale_factor
+
+THREADS = 256
+WARPS = THREADS // 32
+TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
+ROWS_PER_THREAD = 4
+LANES_PER_ROW = 8  # 16-byte pieces of a tile row (128 bytes)
+WARP_ROWS = 32 // LANES_PER_ROW * ROWS_PER_THREAD  # rows one warp covers: 16
+# Launch bounds: at least 4 blocks of 256 threads per SM (<= 64 registers); the pre-quantized
+# input (16 channels per thread, decoded twice) 3 (<= 80 registers): at 64 it spilled on sm_100a.
+MIN_BLOCKS_PER_SM = {"bfloat16": 4, "float32": 4, "float8_e4m3fn": 3}
+FP8_MAX = 448.0
+SF_CLAMP_MIN = 1e-4
+IN_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # every global access is guarded by the kernel's own row / piece tests
+    "tl.disable_safe_memory_legalize": True,
+}
+
+# Device helpers: decode one e4m3 code of a word (exact, 0x7F / 0xFF -> NaN) and a 4 x 4 byte
+# transpose (word e of the result holds byte e of w0, w1, w2, w3, in that order).
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ float tka_pcc_e4m3_value(unsigned w, int k) {
+  const float2 pair = tka_e4m3x2_values(w >> (16 * (k >> 1)));
+  return (k & 1) ? pair.y : pair.x;
+}
+__device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1, unsigned w2, unsigned w3, int e) {
+  // bytes e of (w0, w1) and of (w2, w3) side by side, then the two pairs
+  const unsigned sel = 0x11u * (unsigned)e + 0x40u;  // byte e of the first word, then of the second
+  const unsigned a = __byte_perm(w0, w1, sel), b = __byte_perm(w2, w3, sel);
+  return __byte_perm(a, b, 0x5410u);
+}
+"""
+
+
+def per_channel_cast_kernel(in_dtype: str, transpose: int):
+    assert in_dtype in IN_BYTES
+    assert transpose in (0, 1) and (not transpose or in_dtype == "bfloat16")
+    quantized = in_dtype == "float8_e4m3fn"
+    V = 16 // IN_BYTES[in_dtype]  # channels per 16-byte piece
+    CH = LANES_PER_ROW * V  # channels per tile
+    OW = V // 4  # 32-bit words of e4m3 codes per piece
+    # the fewest rows per factor: 32 transposed (upstream's 32 and 128), else 128, so that the
+    # (row block, channel) pairs of a tile are at most one per thread
+    min_npt = 32 if transpose else TILE_ROWS
+    assert TILE_ROWS // min_npt * CH <= THREADS
+    # values per 32-bit input word
+    PER_WORD = 4 // IN_BYTES[in_dtype]
+
+    def value(w, s_in, i, c):
+        """Channel c of the thread's row i as float32 (pre-quantized: fl(q * s_in))."""
+        word = w[i, c // PER_WORD]
+        if in_dtype == "bfloat16":  # c may be a loop variable: the shift is 16 for even c, 0 for odd
+            return T.reinterpret((word << T.Cast("uint32", 16 - 16 * (c % 2))) & T.uint32(0xFFFF0000), T.float32)
+        if in_dtype == "float32":
+            return T.reinterpret(word, T.float32)
+        return T.call_extern(T.float32, "__fmul_rn", T.call_extern(T.float32, "tka_pcc_e4m3_value", word, c % 4), s_in[i])
+
+    def scaled(w, s_in, sf_inv, i, c):
+        return T.call_extern(T.float32, "__fmul_rn", value(w, s_in, i, c), sf_inv[c])
+
+    num_tokens = T.dynamic("num_tokens")  # rows of x
+    num_rows = T.dynamic("num_rows")  # rows of the output (pos_to_token's length with gather)
+    row_pieces = T.dynamic("row_pieces")  # hidden / V
+    sf_cols = T.dynamic("sf_cols")  # columns of x_sf (pre-quantized: hidden / 128)
+    sf_elems = T.dynamic("sf_elems")  # ceil(num_rows / npt) * hidden
+
+    if transpose:
+        # [hidden, num_rows] e4m3 as 16-byte chunks of 16 rows
+        out_type = T.Tensor[(row_pieces * V, num_rows // 16), "uint32x4"]
+        grid = (T.ceildiv(num_rows, TILE_ROWS), T.ceildiv(row_pieces, LANES_PER_ROW))
+    else:
+        # [num_rows, hidden] e4m3 as 32-bit words
+        out_type = T.Tensor[(num_rows * row_pieces * OW,), T.uint32]
+        grid = (T.ceildiv(row_pieces, LANES_PER_ROW), T.ceildiv(num_rows, TILE_ROWS))
+
+    @T.prim_func
+    def per_channel_cast(
+        x: T.Tensor[(num_tokens, row_pieces, 4), T.uint32],  # 16-byte pieces of x as 32-bit words
+        x_sf: T.Tensor[(num_tokens, sf_cols), T.float32],  # pre-quantized input's factors (else unused)
+        pos_to_token: T.Tensor[(num_rows,), T.int32],  # with gather
+        out: out_type,
+        out_sf: T.Tensor[(sf_elems,), T.float32],
+        num_per_tokens: T.int32,  # 16, 32, 64 or 128
+        gather: T.int32,
+        round_sf: T.int32,
+    ):
+        with T.Kernel(*grid, threads=THREADS) as (bx, by):
+            wait_for_previous_grid()  # programmatic dependent launch
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[in_dtype])
+            T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + DEVICE_SOURCE)
+            tid = T.get_thread_binding()
+            T.assume(num_per_tokens >= min_npt)
+            T.assume(num_per_tokens <= TILE_ROWS)
+
+            partial = T.alloc_shared((WARPS, CH), T.float32)  # per-warp maxima of 16 rows
+            inv = T.alloc_shared((TILE_ROWS // WARP_ROWS, CH), T.float32)  # sf_inv per (row block, channel)
+            if transpose:
+                # e4m3 codes of the tile, one 128-byte row (32 words) per channel, slots swizzled
+                codes_v = T.alloc_shared((CH * 8,), "uint32x4")
+                codes_t = T.view(codes_v, (CH * 32,), T.uint32)
+
+            w = T.alloc_local((ROWS_PER_THREAD, 4), T.uint32)  # the thread's 4 pieces
+            pos = T.alloc_local((ROWS_PER_THREAD,), T.int32)
+            s_in = T.alloc_local((ROWS_PER_THREAD,), T.float32)
+            amax = T.alloc_local((V,), T.float32)
+            pmax = T.alloc_local((4,), T.uint32)  # bf16: packed maxima of channel pairs
+            sf_inv = T.alloc_local((V,), T.float32)
+            code = T.alloc_local((ROWS_PER_THREAD, OW), T.uint32)
+            a = T.alloc_var(T.float32)
+
+            tile_c = by if transpose else bx  # channel tile
+            tile_r = bx if transpose else by  # row tile
+            rg = tid // LANES_PER_ROW
+            piece = tile_c * LANES_PER_ROW + tid % LANES_PER_ROW
+            piece_ok = piece < row_pieces
+            row0 = tile_r * TILE_ROWS + rg * ROWS_PER_THREAD  # the thread's first row
+            rows_ok = row0 < num_rows  # num_rows % 4 == 0 with gather, % 16 transposed; else per row
+
+            # ---- positions: the source row of each of the 4 rows (-1: a zero row)
+            if gather != 0:
+                for i in T.unroll(ROWS_PER_THREAD):
+                    pos[i] = -1
+                if rows_ok:
+                    for i in T.vectorized(ROWS_PER_THREAD):
+                        pos[i] = pos_to_token[row0 + i]
+                for i in T.unroll(ROWS_PER_THREAD):
+                    pos[i] = T.if_then_else(pos[i] < num_tokens, pos[i], -1)
+            else:
+                for i in T.unroll(ROWS_PER_THREAD):
+                    pos[i] = T.if_then_else(row0 + i < num_rows, row0 + i, -1)
+
+            # ---- loads: all four pieces (and their input factors) before the first use
+            for i in T.unroll(ROWS_PER_THREAD):
+                s_in[i] = T.float32(0)
+                if piece_ok and pos[i] >= 0:
+                    for u in T.vectorized(4):
+                        w[i, u] = x[T.Cast("int64", pos[i]), piece, u]
+                    if quantized:
+                        s_in[i] = x_sf[T.Cast("int64", pos[i]), piece // LANES_PER_ROW]
+                else:
+                    for u in T.unroll(4):
+                        w[i, u] = T.uint32(0)
+
+            # ---- 1. amax over the thread's rows, then over the warp's 4 row groups
+            if in_dtype == "bfloat16":
+                for k in T.unroll(4):
+                    pmax[k] = w[0, k] & T.uint32(0x7FFF7FFF)
+                    for i in T.unroll(1, ROWS_PER_THREAD):
+                        pmax[k] = bf16x2_max_nan(pmax[k], w[i, k] & T.uint32(0x7FFF7FFF))
+                    for st in T.unroll(2):
+                        pmax[k] = bf16x2_max_nan(pmax[k], T.shfl_xor(pmax[k], LANES_PER_ROW << st))
+                    amax[2 * k] = T.reinterpret(pmax[k] << T.uint32(16), T.float32)
+                    amax[2 * k + 1] = T.reinterpret(pmax[k] & T.uint32(0xFFFF0000), T.float32)
+            else:
+                for c in T.unroll(V):
+                    amax[c] = T.abs(value(w, s_in, 0, c))
+                    for i in T.unroll(1, ROWS_PER_THREAD):
+                        amax[c] = max_nan(amax[c], T.abs(value(w, s_in, i, c)))
+                    for st in T.unroll(2):
+                        amax[c] = max_nan(amax[c], T.shfl_xor(amax[c], LANES_PER_ROW << st))
+
+            # ---- 2. the warp's maxima to shared memory
+            if tid % 32 < LANES_PER_ROW:
+                for c in T.vectorized(V):
+                    partial[tid // 32, (tid % LANES_PER_ROW) * V + c] = amax[c]
+            T.sync_threads()
+
+            # ---- 3. factors: one thread per (row block, channel)
+            warps_per_block = num_per_tokens // WARP_ROWS
+            num_blocks = TILE_ROWS // num_per_tokens  # row blocks of a tile
+            if tid < num_blocks * CH:
+                blk = tid // CH
+                ch = tid % CH
+                a = partial[blk * warps_per_block, ch]
+                for m in T.unroll(1, TILE_ROWS // WARP_ROWS):
+                    if m < warps_per_block:
+                        a = max_nan(a, partial[blk * warps_per_block + m, ch])
+                sf, inv_value, _ = scale_factor(a, T.float32(SF_CLAMP_MIN), round_sf != 0)
+                inv[blk, ch] = inv_value
+                channel = tile_c * CH + ch
+                if channel < row_pieces * V and tile_r * TILE_ROWS + blk * num_per_tokens < num_rows:
+                    out_sf[(T.Cast("int64", tile_r) * num_blocks + blk) * T.Cast("int64", row_pieces * V)
+                           + channel] = sf
+            T.sync_threads()
+
+            # ---- 4. encode
+            blk_t = rg * ROWS_PER_THREAD // num_per_tokens
+            for c in T.vectorized(V):
+                sf_inv[c] = inv[blk_t, (tid % LANES_PER_ROW) * V + c]
+            for i in T.unroll(ROWS_PER_THREAD):
+                for q in T.unroll(OW):
+                    code[i, q] = T.call_extern(
+                        T.uint32, "tka_e4m3x4_codes", scaled(w, s_in, sf_inv, i, 4 * q), scaled(w, s_in, sf_inv, i, 4 * q + 1),
+                        scaled(w, s_in, sf_inv, i, 4 * q + 2), scaled(w, s_in, sf_inv, i, 4 * q + 3))
+                if not transpose:  # in place: each row's codes go out as soon as they are made
+                    if piece_ok and row0 + i < num_rows:
+                        for q in T.vectorized(OW):
+                            out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW + q] = code[i, q]
+            if transpose:
+                # per channel, the word of its 4 rows, into the channel's swizzled 128-byte row
+                for q in T.unroll(OW):
+                    for e in T.unroll(4):
+                        ch_t = (tid % LANES_PER_ROW) * V + 4 * q + e
+                        codes_t[ch_t * 32 + (rg ^ ((ch_t // 8 % 8) * 4))] = T.call_extern(
+                            T.uint32, "tka_pcc_byte_column", code[0, q], code[1, q], code[2, q], code[3, q], e)
+                T.sync_threads()
+                for j in T.unroll(CH * 8 // THREADS):
+                    unit = j * THREADS + tid
+                    ch_o = unit // 8
+                    chunk = unit % 8
+                    if tile_c * CH + ch_o < row_pieces * V:
+                        out[T.Cast("int64", tile_c * CH + ch_o), tile_r * 8 + chunk] = \
+                            codes_v[ch_o * 8 + (chunk ^ (ch_o // 8 % 8))]
+
+    return per_channel_cast
+
+
+def host_constants(in_dtype: str, transpose: int) -> dict:
+    """Channels per tile (grid) and per 16-byte piece (hidden's granularity)."""
+    V = 16 // IN_BYTES[in_dtype]
+    return {"tile_channels": LANES_PER_ROW * V, "piece_channels": V}
