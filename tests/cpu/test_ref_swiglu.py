@@ -383,6 +383,19 @@ def test_backward_and_per_token_cast_is_backward_then_cast(npc, round_sf):
     assert_bits_equal(res3[2], x_grad)
 
 
+def test_backward_with_no_rows_gives_zero_weight_grad():
+    """Every pair unrouted: x has 0 rows, weight_grad is all zeros (and every other output empty)."""
+    k, hidden = 4, 256
+    t2p = torch.full((64, k), -1, dtype=torch.int32)
+    x_q = (torch.zeros(0, 2 * hidden, dtype=torch.float8_e4m3fn), torch.zeros(0, 2 * hidden // 128))
+    out, (gq, gsf), x_grad, w_grad = S.swiglu_backward_and_per_token_cast(
+        x_q, torch.zeros(0, hidden, dtype=torch.bfloat16), torch.rand(64, k), torch.zeros(0, dtype=torch.int32),
+        t2p, 128)
+    assert out.shape == (0, hidden) and gq.shape == (0, 2 * hidden) and gsf.shape == (0, 4)
+    assert x_grad.shape == (0, 2 * hidden)
+    assert_bits_equal(w_grad, torch.zeros(64, k))
+
+
 def test_backward_errors():
     x_q, grad_out, weight, p2tt, t2p = _backward_inputs("errors")
     f = S.swiglu_backward_and_per_token_cast

@@ -45,9 +45,10 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.weight_grad, F32, {p.num_tokens, p.num_topk});
 }
 
-// rows and weight entries: with no rows, weight_grad (all entries unmapped) still needs
-// its zeros, and with no entries there is nothing to map to but rows still compute
-inline bool needs_launch(const Plan& p) { return p.num_rows > 0 && p.hidden > 0; }
+// rows and weight entries: with no rows (or hidden 0), weight_grad still needs its zeros
+// (the grid then has one block, which only zeroes entries), and with no entries there is
+// nothing to map to but rows still compute
+inline bool needs_launch(const Plan& p) { return (p.num_rows > 0 && p.hidden > 0) || p.num_tokens * p.num_topk > 0; }
 
 inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
   k.x = a.x.data;

@@ -17,7 +17,8 @@ exactly this order (the contract of ``tile_kernels_aot/torch/swiglu.py``)::
     weight_grad[pos] = float32(sum_j g_j * act_j), the exact sum correctly rounded
 
 ``weight_grad`` entries no row maps to (``token_topk_to_pos < 0``, or a position whose row
-does not point back) are written as 0.
+does not point back) are written as 0, also with no rows at all (the grid has at least one
+block; a block past the rows only zeroes entries).
 
 Design
 ------
@@ -43,6 +44,7 @@ rounded sum (to about 2^-100 relative), which is what the reference computes.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.fp_pack import DEVICE_SOURCE as PACK_SOURCE
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import max_nan
 from kernels_tl.quant_math import FAST_DIV_LIMIT, fast_quotient, fma_rn, scale_factor
@@ -65,7 +67,8 @@ PASS_CONFIGS = {
     "tl.disable_safe_memory_legalize": True,
 }
 
-DEVICE_SOURCE = NAN_MAX_SOURCE + r"""
+# besides kernels_tl/nan_max.py's and kernels_tl/fp_pack.py's (tka_bf16x2, tka_e4m3x4)
+DEVICE_SOURCE = NAN_MAX_SOURCE + PACK_SOURCE + r"""
 // element k (0..3) of a word of four e4m3 bytes, exactly, as float32
 __device__ __forceinline__ float tka_e4m3_at(unsigned w, int k) {
   unsigned short pair = (unsigned short)(w >> (16 * (k >> 1)));
@@ -75,17 +78,6 @@ __device__ __forceinline__ float tka_e4m3_at(unsigned w, int k) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(half));
   return f;
-}
-// two float32 -> bf16x2 (round to nearest even), lo in the low half
-__device__ __forceinline__ unsigned tka_bf16x2(float lo, float hi) {
-  unsigned d; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
-}
-// four float32 -> e4m3 bytes (saturating, round to nearest even), a in the lowest byte
-__device__ __forceinline__ unsigned tka_e4m3x4(float a, float b, float c, float d) {
-  unsigned short lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
-  return (unsigned)lo | ((unsigned)hi << 16);
 }
 // float64 shuffles (two 32-bit halves)
 __device__ __forceinline__ double tka_shfl_xor_f64(double v, int m) {
@@ -236,7 +228,9 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
         swiglu_clamp_value: T.float32,
         round_sf: T.int32,
     ):
-        with T.Kernel(num_rows, threads=THREADS) as row:
+        # at least one block: with no rows, weight_grad still needs its zeros (the block of
+        # row 0 then only runs the pass below, every row-indexed access guarded)
+        with T.Kernel(T.max(num_rows, 1), threads=THREADS) as row:
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             T.import_source(DEVICE_SOURCE)
@@ -270,7 +264,7 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
             sfr = T.alloc_var(T.float32)
 
             # weight_grad entries no row maps to: 0 (a grid-stride pass over the entries)
-            total_threads = T.Cast(T.int64, num_rows) * THREADS
+            total_threads = T.Cast(T.int64, T.max(num_rows, 1)) * THREADS
             for it in T.serial(T.ceildiv(num_entries, total_threads)):
                 e = T.Cast(T.int64, it) * total_threads + T.Cast(T.int64, row) * THREADS + tid
                 if e < num_entries:
@@ -280,13 +274,16 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
                     elif pos_to_token_topk[p] != e:
                         weight_grad[e] = T.float32(0.0)
 
-            pos = pos_to_token_topk[row]
+            pos = -1
+            if row < num_rows:
+                pos = pos_to_token_topk[row]
             mapped = pos >= 0 and pos < num_entries
             w = T.if_then_else(mapped, weight[T.max(T.min(pos, num_entries - 1), 0)], T.float32(0.0))
             acc[0] = T.float64(0.0)
             acc[1] = T.float64(0.0)
 
-            for step in T.serial(T.ceildiv(num_chunks, THREADS)):
+            # the block of a row past num_rows (only with none: see the grid) has no chunks
+            for step in T.serial(T.if_then_else(row < num_rows, T.ceildiv(num_chunks, THREADS), T.int64(0))):
                 chunk = T.Cast(T.int64, step) * THREADS + tid
                 valid = chunk < num_chunks
                 # lanes past the row re-read its last chunk (whole warps reach the shuffles)

@@ -16,6 +16,8 @@ def _sample(name: str, tokens: int, hidden: int, group: int, routing: Routing, *
 
 TOP8_OF_9 = Routing(num_topk=8, num_experts=9, alignment=128)  # upstream's benchmark routing
 TOP4_OF_16 = Routing(num_topk=4, num_experts=16, alignment=16, unrouted=0.1)
+# every pair unrouted, the layout sized exactly: no rows at all, weight_grad all zeros
+NONE_ROUTED = Routing(num_topk=4, num_experts=16, alignment=16, unrouted=1.0, exact=True)
 
 SCHEMA = Schema(
     static=("group",),
@@ -51,6 +53,7 @@ SCHEMA = Schema(
                 _sample("groups of 32, round_sf, hidden 576", 500, 576, 32, TOP4_OF_16, round_sf=True),
                 _sample("groups of 128, round_sf, clamp 2, hidden 2560", 300, 2560, 128, TOP4_OF_16,
                         round_sf=True, swiglu_clamp_value=2.0),
+                _sample("no rows, weight_grad zeros", 64, 2048, 128, NONE_ROUTED),
             ],
             token_dim=None,  # rows are fused positions of a routing; weight_grad is per token
             doc=("SwiGLU backward from an e4m3 (data, sf) input with the top-k routing weights, fused with a "

@@ -285,7 +285,7 @@ def _backward_core(op, x, grad_out, weight, pos_to_token_topk, token_topk_to_pos
     _check_routing(op, n, pos_to_token_topk, weight, "weight")
 
     # dequantize: one float32 multiply per element
-    xf = (x_data.float().view(n, -1, num_per_channels) * x_sf.unsqueeze(-1)).view(n, width)
+    xf = (x_data.float().view(n, width // num_per_channels, num_per_channels) * x_sf.unsqueeze(-1)).view(n, width)
     left, right = xf[:, :hidden], xf[:, hidden:]
     if swiglu_clamp_value is not None:
         c = _f32(swiglu_clamp_value)
