@@ -24,7 +24,7 @@ SCHEMA = Schema(
                 Sample("decode", 128, _args()),
                 Sample("prefill", 8192, _args()),
                 Sample("pre_eps=1e-2", 1001, _args(pre_eps=1e-2)),
-                Sample("one token", 1, _args()),
+                Sample("three tokens", 3, _args()),
             ],
             doc=("mhc_head_compute_mix(input_mix, mhc_scale, mhc_base, mhc_pre_eps) -> output_mix: "
                  "sigmoid(input_mix * mhc_scale + mhc_base) + mhc_pre_eps.  input_mix: float32 [N, M]; "

@@ -30,7 +30,7 @@ SCHEMA = Schema(
                 Sample("prefill", 8192, _args()),
                 Sample("upstream mhc_pre n=1x4096, post_mult=1", 4096, _args(post_mult=1.0)),
                 Sample("pre_eps=1e-2, post_mult=0.5", 1001, _args(post_mult=0.5, pre_eps=1e-2)),
-                Sample("one token", 1, _args()),
+                Sample("three tokens", 3, _args()),
             ],
             doc=("mhc_pre_split_mixes(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps) "
                  "-> (pre [N, M, 1], post [N, M, 1], comb [N, M, M]): z = input_mixes * scale[group] + base; "

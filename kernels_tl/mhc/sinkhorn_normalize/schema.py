@@ -24,7 +24,7 @@ SCHEMA = Schema(
                 Sample("prefill", 8192, [_x()]),
                 # upstream's test: (n0, n1) = (2, 4096) tokens, repeat 20
                 Sample("upstream n=2x4096, repeat=20", 8192, [_x(), 20, 1e-6]),
-                Sample("upstream n=1x1, repeat=20", 1, [_x(), 20, 1e-6]),
+                Sample("3 tokens, repeat=20", 3, [_x(), 20, 1e-6]),
                 Sample("repeat=1", 1000, [_x(), 1, 1e-6]),
                 Sample("repeat=3, eps=1e-3", 777, [_x(), 3, 1e-3]),
             ],

@@ -26,7 +26,7 @@ SCHEMA = Schema(
                 Sample("prefill", 8192, _args()),
                 # upstream's test: (n0, n1) = (2, 4096) tokens, repeat 20
                 Sample("upstream n=2x4096, repeat=20", 8192, _args(20, 1e-6)),
-                Sample("upstream n=1x1, repeat=20", 1, _args(20, 1e-6)),
+                Sample("3 tokens, repeat=20", 3, _args(20, 1e-6)),
                 Sample("repeat=1", 1000, _args(1, 1e-6)),
                 Sample("repeat=13, eps=1e-3", 777, _args(13, 1e-3)),
             ],
