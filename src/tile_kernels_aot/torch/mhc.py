@@ -90,6 +90,50 @@ def _split_sizes(mhc_mult: int) -> tuple[int, int, int]:
     return mhc_mult, mhc_mult, mhc_mult * mhc_mult
 
 
+def _seq_sum(y: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over ``dim`` (kept, size 1) left to right: ``((y0 + y1) + y2) + ...``.
+
+    The order the kernels follow; on the CPU it equals ``y.sum(dim, keepdim=True)`` for
+    the small ``n`` of a Sinkhorn matrix.
+    """
+    parts = y.unbind(dim)
+    acc = parts[0]
+    for part in parts[1:]:
+        acc = acc + part
+    return acc.unsqueeze(dim)
+
+
+# Lanes of the cross-token sums of the backward passes (the shared ``mhc_scale`` and
+# ``mhc_base`` gradients): the kernels run one thread per lane.
+TOKEN_SUM_LANES = 2048
+
+
+def _token_sum(v: torch.Tensor) -> torch.Tensor:
+    """``sum_t v[t, :]`` over the rows of ``v`` ``(N, C)``, in the kernels' fixed order.
+
+    Lane ``l`` (of ``TOKEN_SUM_LANES``) adds rows ``l, l + L, l + 2L, ...`` in that order,
+    starting from zero; then the lanes combine pairwise, neighbours first
+    (``s = s[0::2] + s[1::2]`` until one is left).  Every add is one float32 rounding.
+    """
+    lanes = TOKEN_SUM_LANES
+    rows = -(-v.shape[0] // lanes)
+    acc = torch.zeros(lanes, v.shape[1], dtype=v.dtype, device=v.device)
+    for r in range(rows):
+        chunk = v[r * lanes:(r + 1) * lanes]
+        acc[: chunk.shape[0]] = acc[: chunk.shape[0]] + chunk
+    while acc.shape[0] > 1:
+        acc = acc[0::2] + acc[1::2]
+    return acc[0]
+
+
+def _seq_total(v: torch.Tensor) -> torch.Tensor:
+    """Sum of a 1-D tensor left to right, as a 0-d tensor."""
+    acc = v[0]
+    for x in v[1:]:
+        acc = acc + x
+    return acc
+
+
 def _group_scale(mhc_scale: torch.Tensor, mhc_mult: int, dtype: torch.dtype) -> torch.Tensor:
     """The 3 group scales repeated over the ``M * (M + 2)`` mixes."""
     sizes = torch.tensor(_split_sizes(mhc_mult), device=mhc_scale.device)
@@ -161,16 +205,28 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
         repeat: number of column normalisations (>= 1).
         eps: added after the softmax and to every row/column sum.
 
+    Arithmetic (what the kernels follow bit for bit): every row and column sum
+    adds left to right, ``((y[0] + y[1]) + y[2]) + ...`` (``_seq_sum``; on the CPU
+    the same as ``torch.sum`` for these sizes); every step is a true division.  The
+    softmax is ``torch.softmax``; on CUDA (for ``n <= 32``) torch computes it as
+    ``e = exp(x - rowmax)``, the row's ``e`` summed as an XOR butterfly over
+    ``next_pow2(n)`` lanes (``n = 4``: ``(e0 + e2) + (e1 + e3)``), then ``e / sum``.
+
+    Args:
+        x: ``(..., n, n)``, float32 for the kernel.
+        repeat: number of column normalisations (>= 1).
+        eps: added after the softmax and to every row/column sum.
+
     Returns:
         ``(..., n, n)`` contiguous, dtype of ``x``.  Columns sum to ``1`` up to
-        ``eps``; rows sum to ``1`` up to the convergence left after ``repeat``
-        rounds.
+        ``eps`` and rounding (within ``1e-5`` in float32); rows sum to ``1`` up to
+        the convergence left after ``repeat`` rounds (docs/ops.md states it).
     """
     y = x.softmax(-1) + eps
-    y = y / (y.sum(-2, keepdim=True) + eps)
+    y = y / (_seq_sum(y, -2) + eps)
     for _ in range(repeat - 1):
-        y = y / (y.sum(-1, keepdim=True) + eps)
-        y = y / (y.sum(-2, keepdim=True) + eps)
+        y = y / (_seq_sum(y, -1) + eps)
+        y = y / (_seq_sum(y, -2) + eps)
     return y
 
 
@@ -192,6 +248,9 @@ def sinkhorn_normalize_bwd(
 
         grad_input = (g - sum_-1(g * p)) * p
 
+    in that order of operations, each product, difference and true division rounded
+    on its own, every sum left to right as in the forward pass.
+
     Args:
         grad_output: ``(..., n, n)`` gradient of the output, float32.
         x: ``(..., n, n)`` the forward input, float32.
@@ -207,13 +266,13 @@ def sinkhorn_normalize_bwd(
     for step in range(2 * repeat - 1):
         axis = -2 if step % 2 == 0 else -1
         steps.append((u, axis))
-        u = u / (u.sum(axis, keepdim=True) + eps)
+        u = u / (_seq_sum(u, axis) + eps)
 
     g = grad_output.to(dtype)
     for u, axis in reversed(steps):
-        denom = u.sum(axis, keepdim=True) + eps
-        g = (g - (g * u).sum(axis, keepdim=True) / denom) / denom
-    g = (g - (g * p).sum(-1, keepdim=True)) * p
+        denom = _seq_sum(u, axis) + eps
+        g = (g - _seq_sum(g * u, axis) / denom) / denom
+    g = (g - _seq_sum(g * p, -1)) * p
     return g.to(x.dtype)
 
 
@@ -285,6 +344,13 @@ def mhc_pre_split_mixes_bwd(
     repeated group scale), ``mhc_base_grad = sum_tokens g_z`` and
     ``mhc_scale_grad[k] = sum over tokens and group k of g_z * input_mixes``.
 
+    Order of operations (the kernel's): ``z = input_mixes * s + mhc_base`` and
+    ``sigmoid`` as in the forward pass; ``(g_pre * (1 - sg)) * sg`` and
+    ``((g_post * mhc_post_mult_value) * (1 - sg)) * sg``, each product rounded.
+    The sums over tokens run in ``_token_sum``'s fixed order (per mix, for the
+    base gradient and for ``g_z * input_mixes``); ``mhc_scale_grad[k]`` then adds
+    its group's per-mix sums left to right.
+
     Args:
         pre_layer_mix_grad, post_layer_mix_grad: ``(..., M, 1)``.
         comb_res_mix_grad: ``(..., M, M)``.
@@ -309,9 +375,9 @@ def mhc_pre_split_mixes_bwd(
     g_z = torch.cat([g_pre, g_post, g_comb], dim=-1)
 
     g_flat = g_z.reshape(-1, g_z.shape[-1])
-    base_grad = g_flat.sum(0)
-    per_mix = (g_flat * mixes.reshape(g_flat.shape)).sum(0)
-    scale_grad = torch.stack([part.sum() for part in per_mix.split([m_pre, m_post, m_comb])])
+    base_grad = _token_sum(g_flat)
+    per_mix = _token_sum(g_flat * mixes.reshape(g_flat.shape))
+    scale_grad = torch.stack([_seq_total(part) for part in per_mix.split([m_pre, m_post, m_comb])])
     input_grad = g_z * scale
     return input_grad.to(input_mixes.dtype), scale_grad.to(mhc_scale.dtype), base_grad.to(mhc_base.dtype)
 
@@ -357,6 +423,10 @@ def mhc_head_compute_mix_bwd(
     ``mhc_scale_grad = sum(g_z * input_mix)`` (shape ``(1,)``),
     ``mhc_base_grad = sum_tokens g_z`` (shape ``(M,)``).
 
+    Order of operations (the kernel's): ``(g * (1 - sg)) * sg``; the sums over
+    tokens per mix in ``_token_sum``'s fixed order; the scale gradient adds the
+    ``M`` per-mix sums of ``g_z * input_mix`` left to right.
+
     Returns:
         ``input_mix_grad (..., M)``, ``mhc_scale_grad (1,)``,
         ``mhc_base_grad (M,)``, in the dtypes of the inputs.
@@ -367,8 +437,8 @@ def mhc_head_compute_mix_bwd(
     sg = torch.sigmoid(mix * scale + mhc_base.to(dtype))
     g_z = output_mix_grad.to(dtype) * (1 - sg) * sg
     g_flat = g_z.reshape(-1, g_z.shape[-1])
-    scale_grad = (g_flat * mix.reshape(g_flat.shape)).sum().reshape(mhc_scale.shape)
-    base_grad = g_flat.sum(0)
+    scale_grad = _seq_total(_token_sum(g_flat * mix.reshape(g_flat.shape))).reshape(mhc_scale.shape)
+    base_grad = _token_sum(g_flat)
     return (
         (g_z * scale).to(input_mix.dtype),
         scale_grad.to(mhc_scale.dtype),
