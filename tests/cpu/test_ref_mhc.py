@@ -249,13 +249,38 @@ def test_pre_norm_fn_matches_loop(with_weight):
     for a, b in [(0, 0), (1, 2), (0, 2)]:
         x = res[a, b].flatten().double().tolist()
         r = 1 / math.sqrt(sum(v * v for v in x) / k + 1e-6)
+        # the projection (with the weight folded in, one float32 product) rounded to TF32
+        merged = ref.round_to_tf32(fn * w if w is not None else fn)
         for j in range(24):
-            row = fn[j].double().tolist()
-            wt = w.double().tolist() if w is not None else [1.0] * k
-            dot = sum(x[i] * row[i] * wt[i] for i in range(k))
+            row = merged[j].double().tolist()
+            dot = sum(x[i] * row[i] for i in range(k))
             assert got[a, b, j].item() == pytest.approx(dot * r, rel=1e-4, abs=1e-6)
     with pytest.raises(ValueError, match="columns"):
         ref.mhc_pre_norm_fn(res, fn[:, :-1], None, 1e-6)
+
+
+def test_round_to_tf32():
+    values = torch.tensor([1.0, 1.0 + 2**-11, 1.0 + 2**-12, -(1.0 + 2**-11), 1.0 + 3 * 2**-12,
+                           float("inf"), -float("inf"), 0.0, -0.0, 3.4e38])
+    got = ref.round_to_tf32(values)
+    want = torch.tensor([1.0, 1.0 + 2**-10, 1.0, -(1.0 + 2**-10), 1.0 + 2**-10,
+                         float("inf"), -float("inf"), 0.0, -0.0, 3.4e38])
+    assert torch.equal(got.view(torch.int32) & -8192, got.view(torch.int32))  # 10 mantissa bits
+    assert torch.equal(got[:9], want[:9]) and got[8].item() == 0.0 and str(got[8].item()) == "-0.0"
+    assert torch.isfinite(got[9]) or got[9] == float("inf")
+
+
+def test_pre_norm_fn_lane_order():
+    """The float32 forward sums in the kernel's lane order: equal to the double-precision sum of
+    the same exact products within float32 rounding, over K not a multiple of 1024 (padded)."""
+    gen = _gen(21)
+    res = _randn(gen, 5, 4, 300, dtype=torch.bfloat16)
+    fn = _randn(gen, 24, 1200, scale=1e-2)
+    got = ref.mhc_pre_norm_fn(res, fn, None, 1e-6)
+    x = res.flatten(-2).double()
+    dot = x @ ref.round_to_tf32(fn).double().t()
+    want = dot * (x.square().sum(-1, keepdim=True) / 1200 + 1e-6).rsqrt()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------

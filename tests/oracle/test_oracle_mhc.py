@@ -56,6 +56,17 @@ def _grads_via_autograd(fwd, inputs, grads):
     return [None if t is None else t.grad for t in leaves]
 
 
+def _assert_tf32_close(got, want):
+    """Outputs downstream of the norm-fn projection: ours rounds the projection to TF32 like
+    upstream's kernel (upstream's float32 reference does not), so float32 values agree to
+    upstream's own norm-fn test tolerance (1e-3) and bf16 values within that plus a bf16 step."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if got.dtype == torch.bfloat16:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-2)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
 def _assert_equal(got, want):
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(got, want), f"max diff {(got.double() - want.double()).abs().max().item()}"
@@ -188,7 +199,7 @@ def test_pre_norm_fn(h, n0, n1, with_weight):
     fn = _fn(gen, h)
     w = _randn(gen, MHC * h, scale=0.1) + 1 if with_weight else None
     # same float32 GEMM call and reductions as upstream's reference
-    _assert_equal(ref.mhc_pre_norm_fn(res, fn, w, 1e-6), up.mhc_pre_norm_fn_ref(res, fn, w, 1e-6))
+    _assert_tf32_close(ref.mhc_pre_norm_fn(res, fn, w, 1e-6), up.mhc_pre_norm_fn_ref(res, fn, w, 1e-6))
     og = _randn(gen, n0, n1, M3)
     want = _grads_via_autograd(lambda a, b, c: up.mhc_pre_norm_fn_ref(a, b, c, 1e-6), [res, fn, w], [og])
     got = ref.mhc_pre_norm_fn_bwd(og, res, fn, w, 1e-6)
@@ -215,9 +226,9 @@ def test_pre_big_fuse(h, post_mult):
     post, comb, layer_in = ref.mhc_pre_big_fuse(res, fn, scale, base, 1e-6, 1e-6, 1e-6, post_mult, 10)
     mixes = up.mhc_pre_norm_fn_ref(res, fn, None, 1e-6)
     pre_u, post_u, comb_u = up.mhc_pre_split_mixes_ref(mixes, scale, base, MHC, post_mult, 1e-6)
-    _assert_equal(post, post_u)
-    _assert_equal(comb, up.sinkhorn_normalize_ref(comb_u, 10, 1e-6))
-    _assert_equal(layer_in, up.mhc_pre_apply_mix_ref(res, pre_u))
+    _assert_tf32_close(post, post_u)
+    _assert_tf32_close(comb, up.sinkhorn_normalize_ref(comb_u, 10, 1e-6))
+    _assert_tf32_close(layer_in, up.mhc_pre_apply_mix_ref(res, pre_u))
 
 
 @pytest.mark.parametrize(
@@ -263,13 +274,13 @@ def test_modeling_mhc_pre(h, with_weight):
     layer_in, (post, comb) = mm.mhc_pre(*leaves[:4], norm_weight=leaves[4], post_mult_value=2.0)
     want = _upstream_pre(*inputs, 2.0)
     for got_t, want_t in zip((layer_in, post, comb), want):
-        _assert_equal(got_t.detach(), want_t)
+        _assert_tf32_close(got_t.detach(), want_t)
 
     with torch.no_grad():
         fused = mm.mhc_pre(res, fn, scale, base, norm_weight=w, post_mult_value=2.0)
-    _assert_equal(fused[0], want[0])
-    _assert_equal(fused[1][0], want[1])
-    _assert_equal(fused[1][1], want[2])
+    _assert_tf32_close(fused[0], want[0])
+    _assert_tf32_close(fused[1][0], want[1])
+    _assert_tf32_close(fused[1][1], want[2])
 
     grads = [_randn(gen, *t.shape, dtype=t.dtype) for t in want]
     torch.autograd.backward([layer_in, post, comb], grads)

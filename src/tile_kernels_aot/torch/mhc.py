@@ -667,8 +667,55 @@ def mhc_fn_normw_merge_bwd(
     return out_fn_grad * normw, (out_fn_grad * fn).sum(0)
 
 
-def _norm_fn_parts(residual, fn, eps):
-    """Shared forward pieces: flattened x, sum of squares, rsqrt factor, x @ fn.T."""
+# The kernels' order of the norm-fn sums over K (float32): element ``k`` belongs to lane ``l``
+# of 256 as ``k = (i * 256 + l) * 4 + e``; each lane adds its terms in ``(i, e)`` order into a
+# sum that starts at +0, the 32 lanes of a warp combine by a butterfly (xor 16, 8, 4, 2, 1) and
+# the 8 warp sums as ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7)).
+_NORM_FN_LANES = 256
+_NORM_FN_PIECE = 4
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32 as TileKernels does: ``0x1000`` added to the bits and the low 13
+    bits cleared (round half away from zero to 10 mantissa bits; infinities stay)."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    bits = (bits + 0x1000) & 0xFFFFE000
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return bits.to(torch.int32).view(torch.float32).reshape(x.shape)
+
+
+def _lane_tree(acc: torch.Tensor) -> torch.Tensor:
+    """``[..., 256]`` lane sums -> ``[...]``: warp butterflies, then the 8 warp sums."""
+    acc = acc.reshape(*acc.shape[:-1], _NORM_FN_LANES // 32, 32)
+    for half in (16, 8, 4, 2, 1):
+        acc = acc[..., :half] + acc[..., half:2 * half]
+    w = acc[..., 0]
+    return ((w[..., 0] + w[..., 1]) + (w[..., 2] + w[..., 3])) + ((w[..., 4] + w[..., 5]) + (w[..., 6] + w[..., 7]))
+
+
+def _lane_order_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, K] @ w[N, K].T`` summed in the kernels' lane order (float32; every product
+    ``x * w`` is exact when x is bf16 and w TF32, so each step rounds once, at the add)."""
+    t, k = x.shape
+    span = _NORM_FN_LANES * _NORM_FN_PIECE
+    padded = -(-k // span) * span
+    if padded != k:  # +0 terms leave a sum that starts at +0 unchanged
+        x = torch.nn.functional.pad(x, (0, padded - k))
+        w = torch.nn.functional.pad(w, (0, padded - k))
+    xs = x.reshape(t, padded // span, _NORM_FN_LANES, _NORM_FN_PIECE)
+    ws = w.reshape(w.shape[0], padded // span, _NORM_FN_LANES, _NORM_FN_PIECE)
+    acc = x.new_zeros(t, w.shape[0], _NORM_FN_LANES)
+    for i in range(padded // span):
+        for e in range(_NORM_FN_PIECE):
+            acc = acc + xs[:, None, i, :, e] * ws[None, :, i, :, e]
+    return _lane_tree(acc)
+
+
+def _norm_fn_parts(residual, fn, eps, kernel_order=False):
+    """Shared forward pieces: flattened x, sum of squares, rsqrt factor, x @ fn.T.
+
+    With ``kernel_order`` (float32 only) ``fn`` is rounded to TF32 and both sums over K follow
+    the kernels' lane order, so the forward kernel's result is reproduced bit for bit."""
     dtype = _compute_dtype(residual, fn)
     x = residual.flatten(-2).to(dtype)
     fn = fn.to(dtype)
@@ -678,9 +725,15 @@ def _norm_fn_parts(residual, fn, eps):
             f"mhc_pre_norm_fn: residual has M * H = {x.shape[-1]} features per token, "
             f"mhc_fn has {k} columns"
         )
-    sqrsum = x.square().sum(-1, keepdim=True)
+    if kernel_order and dtype == torch.float32:
+        flat = x.reshape(-1, k)
+        sqrsum = _lane_order_dot(flat.square(), torch.ones(1, k, dtype=dtype, device=x.device))
+        sqrsum = sqrsum.reshape(*x.shape[:-1], 1)
+        out_mul = _lane_order_dot(flat, round_to_tf32(fn)).reshape(*x.shape[:-1], fn.shape[0])
+    else:
+        sqrsum = x.square().sum(-1, keepdim=True)
+        out_mul = x @ fn.t()
     rms = (sqrsum / k + eps).rsqrt()
-    out_mul = x @ fn.t()
     return x, fn, sqrsum, rms, out_mul
 
 
@@ -699,9 +752,10 @@ def mhc_pre_norm_fn(
 
         out = (x @ W.T) * rsqrt(sum(x**2) / K + mhc_norm_eps)
 
-    in float32.  The kernel rounds ``W``
-    to TF32 before its tensor-core product; this reference does not (see
-    docs/ops/mhc.md for the tolerance that implies).
+    in float32, with ``W`` rounded to TF32 (:func:`round_to_tf32`, as TileKernels
+    rounds it before its TF32 GEMM) and both sums over ``K`` in the kernel's fixed
+    lane order (``_lane_order_dot``), so the kernel matches bit for bit.  A float64
+    input runs the plain float64 product (no TF32 rounding), for ``gradcheck``.
 
     Args:
         residual: ``(..., M, H)`` bf16.
@@ -715,7 +769,7 @@ def mhc_pre_norm_fn(
     """
     del fuse_grad_acc, n_splits
     fn = mhc_fn if mhc_norm_weight is None else mhc_fn_normw_merge(mhc_fn, mhc_norm_weight)
-    _, _, _, rms, out_mul = _norm_fn_parts(residual, fn, mhc_norm_eps)
+    _, _, _, rms, out_mul = _norm_fn_parts(residual, fn, mhc_norm_eps, kernel_order=True)
     return out_mul * rms
 
 

@@ -5,6 +5,17 @@ from __future__ import annotations
 import torch
 
 from tile_kernels_aot.modeling.mhc.ops._impl import impl
+from tile_kernels_aot.torch import mhc as _reference
+
+
+def _pre_norm_fn(x, fn, norm_eps, fuse_grad_acc, n_splits):
+    """The forward on the kernel for what it takes (CUDA, bf16 streams, float32 projection;
+    leading dims flattened), on the reference otherwise (CPU, float64 for gradcheck)."""
+    if x.is_cuda and x.dtype == torch.bfloat16 and fn.dtype == torch.float32 and x.dim() >= 3:
+        flat = x.reshape(-1, *x.shape[-2:])
+        out = impl.mhc_pre_norm_fn(flat, fn, None, norm_eps, fuse_grad_acc, n_splits)
+        return out.reshape(*x.shape[:-2], fn.shape[0])
+    return _reference.mhc_pre_norm_fn(x, fn, None, norm_eps, fuse_grad_acc, n_splits)
 
 
 class _MHCFnNormwMerge(torch.autograd.Function):
@@ -35,7 +46,7 @@ class MHCPreNormFn(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(x, fn)
         ctx.norm_eps = norm_eps
-        return impl.mhc_pre_norm_fn(x, fn, None, norm_eps, fuse_grad_acc, n_splits)
+        return _pre_norm_fn(x, fn, norm_eps, fuse_grad_acc, n_splits)
 
     @staticmethod
     def backward(ctx, out_grad: torch.Tensor):

@@ -1,0 +1,56 @@
+// mhc.mhc_pre_norm_fn: host side (interface: tka/host.h).
+#pragma once
+
+#include "args.h"
+
+namespace tka::mhc_mhc_pre_norm_fn::mhc_pre_norm_fn {
+
+struct Plan {
+  int64_t num_tokens, mhc_mult, hidden, features, rows;
+};
+
+inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
+  p.num_tokens = a.residual.shape[0];
+  p.mhc_mult = a.residual.shape[1];
+  p.hidden = a.residual.shape[2];
+  p.features = p.mhc_mult * p.hidden;
+  p.rows = p.mhc_mult * (p.mhc_mult + 2);
+  const long long K = p.features, m3 = p.rows;
+  TKA_CHECK(a.mhc_fn.shape[0] == m3 && a.mhc_fn.shape[1] == K, "mhc_fn",
+            "must have shape [mhc_mult * (mhc_mult + 2), mhc_mult * hidden] = [%lld, %lld], got [%lld, %lld]", m3, K,
+            static_cast<long long>(a.mhc_fn.shape[0]), static_cast<long long>(a.mhc_fn.shape[1]));
+  if (a.mhc_norm_weight.present) {
+    TKA_CHECK(a.mhc_norm_weight.shape[0] == K, "mhc_norm_weight", "must have shape [%lld], got [%lld]", K,
+              static_cast<long long>(a.mhc_norm_weight.shape[0]));
+    TKA_CHECK(aligned(a.mhc_norm_weight.data, 16), "mhc_norm_weight", "must start 16-byte aligned");
+  }
+  TKA_CHECK(K > 0 && K % 1024 == 0, "residual",
+            "must have mhc_mult * hidden a positive multiple of 1024 (256 lanes x 4 elements), got %lld", K);
+  TKA_CHECK(K <= (int64_t{1} << 30), "residual", "must have mhc_mult * hidden <= 2^30, got %lld", K);
+  TKA_CHECK(aligned(a.residual.data, 8), "residual", "must start 8-byte aligned");
+  TKA_CHECK(aligned(a.mhc_fn.data, 16), "mhc_fn", "must start 16-byte aligned");
+  c.mhc_mult = p.mhc_mult;
+  return true;
+}
+
+inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
+  dense_output(s.out, F32, {p.num_tokens, p.rows});
+}
+
+inline bool needs_launch(const Plan& p) { return p.num_tokens > 0; }
+
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
+  k.residual = a.residual.data;
+  k.mhc_fn = a.mhc_fn.data;
+  // no weight: the kernel never reads it (has_weight == 0); any valid pointer stands in
+  k.mhc_norm_weight = a.mhc_norm_weight.present ? a.mhc_norm_weight.data : a.mhc_fn.data;
+  k.out = o.out.data;
+  k.num_tokens = p.num_tokens;
+  k.pieces = p.features / 4;
+  k.has_weight = a.mhc_norm_weight.present ? 1 : 0;
+  k.eps = static_cast<float>(a.mhc_norm_eps);
+  k.features = static_cast<float>(p.features);
+  return true;
+}
+
+}  // namespace tka::mhc_mhc_pre_norm_fn::mhc_pre_norm_fn

@@ -1,0 +1,57 @@
+"""mhc.mhc_pre_norm_fn: one kernel per mhc_mult; the token count and K = mhc_mult * hidden
+(a multiple of 1024) are run-time values."""
+
+from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
+
+M = 4  # mhc_mult of every sample (TileKernels' tests use 4 only)
+M3 = M * (M + 2)
+
+
+def _args(hidden: int, weight: bool) -> list:
+    k = M * hidden
+    return [Randn(["T", M, hidden], "bfloat16"), Randn([M3, k], "float32"),
+            Randn([k], "float32") if weight else None, 1e-6]
+
+
+# TileKernels 1.0.0 tests/mhc/test_norm_fn.py: n1 in {4096, 8192} x hidden {1280, 2560, 7168}
+# x weight or not; the split-K test at n1 in {13, 48, 512} x hidden {1280, 2560, 4096, 7168}
+_SAMPLES = [
+    Sample("decode", 128, _args(7168, False)),
+    Sample("prefill", 8192, _args(7168, False)),
+    Sample("decode, norm weight", 128, _args(7168, True)),
+    *[Sample(f"hidden {h}", 1000, _args(h, False)) for h in (2048, 2560, 4096)],
+    Sample("upstream: 4096 tokens, hidden 1280, norm weight", 4096, _args(1280, True)),
+    Sample("upstream: 8192 tokens, hidden 2560", 8192, _args(2560, False)),
+    Sample("upstream: 4096 tokens, hidden 7168, norm weight", 4096, _args(7168, True)),
+    Sample("upstream split-K: 13 tokens, hidden 4096 (a partial block)", 13, _args(4096, False)),
+    Sample("upstream split-K: 48 tokens, hidden 7168", 48, _args(7168, False)),
+    Sample("upstream split-K: 512 tokens, hidden 1280", 512, _args(1280, False)),
+    Sample("options: fuse_grad_acc=False, n_splits=1", 77, _args(2560, True), {"fuse_grad_acc": False, "n_splits": 1}),
+]
+
+SCHEMA = Schema(
+    static=("mhc_mult",),
+    ops=[
+        Op(
+            module="mhc",
+            name="mhc_pre_norm_fn",
+            params=[
+                Param("residual", Tensor(["bfloat16"], 3)),
+                Param("mhc_fn", Tensor(["float32"], 2)),
+                Param("mhc_norm_weight", Tensor(["float32"], 1, optional=True)),
+                Param("mhc_norm_eps", Float()),
+                Param("fuse_grad_acc", Bool(), True),
+                Param("n_splits", Int(), 16),
+            ],
+            outs=[Out("out", dtype="'float32'", shape="[residual.shape[0], mhc_fn.shape[0]]")],
+            returns=["out"],
+            reference="tile_kernels_aot.torch.mhc.mhc_pre_norm_fn",
+            samples=_SAMPLES,
+            doc=("mhc_pre_norm_fn(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps, fuse_grad_acc=True, n_splits=16) "
+                 "-> [num_tokens, M3] float32: (x @ W.T) * rsqrt(sum(x**2) / K + eps), x = residual as [num_tokens, K], "
+                 "W = tf32(mhc_fn * mhc_norm_weight) (or tf32(mhc_fn)), sums in a fixed lane order (docs/ops.md).  "
+                 "residual: bf16 [num_tokens, M, H], M * H a multiple of 1024; mhc_fn: float32 [M * (M + 2), M * H]; "
+                 "mhc_norm_weight: float32 [M * H] or None.  fuse_grad_acc and n_splits do not change the result."),
+        ),
+    ],
+)
