@@ -4,7 +4,10 @@ memory (freed outputs back smaller calls), and the edge-case harness's layouts
 (misaligned, padded and column-major inputs), for ``compute-sanitizer``
 (``--tool memcheck``, ``racecheck``, ``synccheck``).  The samples cover each kernel's paths
 (shared-memory reductions, counters, strided and packed layouts); an op added to a folder
-is covered with no line here."""
+is covered with no line here.  ``TKA_SANITIZE_OPS``: a comma-separated list of ops
+(``module.name``) to run alone."""
+
+import os
 
 import torch
 
@@ -12,7 +15,10 @@ from tile_kernels_aot import manifest, samples
 
 g = torch.Generator(device="cuda").manual_seed(0)
 calls = 0
+only = [o for o in os.environ.get("TKA_SANITIZE_OPS", "").split(",") if o]
 for record in manifest.ops():
+    if only and f"{record['module']}.{record['name']}" not in only:
+        continue
     fn = samples.function(record)
     for sample in record["samples"]:
         if not samples.is_prebuilt(record, sample):
