@@ -46,6 +46,7 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
+from kernels_tl.quant_encoding import MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -64,8 +65,6 @@ PASS_CONFIGS = {
     "tl.disable_safe_memory_legalize": True,
 }
 
-_MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0}
-_CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 
 
@@ -81,37 +80,8 @@ def _group_layout(in_dtype: str, group: int):
     return tpg, ppt, rounds
 
 
-def _has_fp4_convert() -> bool:
-    """Whether the target being lowered for has cvt.*.e2m1x2 (sm_100a and up)."""
-    import tvm
-
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or target.kind.name != "cuda":
-        return False
-    arch = str(target.attrs.get("arch", ""))
-    return arch.startswith("sm_") and arch.endswith(("a", "f")) and int(arch[3:-1]) >= 100
-
-
-def _e2m1_nibble(v):
-    """FP4 nibble of a float32 value, round-to-nearest-even, saturating at 6.
-
-    The magnitude code is the number of rounding boundaries at or below |v|:
-    between neighbours q_i < q_{i+1} the boundary is their midpoint, which
-    belongs to the neighbour with the even code (0.25 -> 0, 0.75 -> 1.0, ...).
-    The sign bit is the float's, so small negatives give -0 (0x8)."""
-    a = T.abs(v)
-    code = (
-        T.Cast("uint32", a > T.float32(0.25)) + T.Cast("uint32", a >= T.float32(0.75))
-        + T.Cast("uint32", a > T.float32(1.25)) + T.Cast("uint32", a >= T.float32(1.75))
-        + T.Cast("uint32", a > T.float32(2.5)) + T.Cast("uint32", a >= T.float32(3.5))
-        + T.Cast("uint32", a > T.float32(5.0))
-    )
-    sign = (T.reinterpret(v, T.uint32) >> T.uint32(28)) & T.uint32(8)
-    return code | sign
-
-
 def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
-    assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 32, 64, 128)
+    assert in_dtype in _IN_BYTES and fmt in MAX_VALUE and group in (0, 32, 64, 128)
     piece = 16 // _IN_BYTES[in_dtype]  # elements per 16-byte load
     per_row = group == 0
     npieces = ELEMS_PER_THREAD_ROW // piece if per_row else PIECES_PER_THREAD[in_dtype]  # pieces per thread
@@ -122,9 +92,7 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     pieces_per_group = None if per_row else group // piece
     slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
 
-    max_value = _MAX_VALUE[fmt]
-    clamp_min = _CLAMP_MIN[fmt]
-    hw_fp4 = fmt == "e2m1" and _has_fp4_convert()
+    hw_fp4 = fmt == "e2m1" and has_fp4_convert()
     if fmt == "e4m3":
         out_dtype, out_width = T.float8_e4m3fn, piece
     elif hw_fp4:
@@ -255,21 +223,7 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                             sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
                         sf_inv[j] = T.float32(1) / given
                 else:
-                    clamped = max_nan(amax[j], T.float32(clamp_min))  # a NaN amax stays NaN
-                    sf_value = clamped / T.float32(max_value)
-                    if round_sf != 0:
-                        # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
-                        biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                        # a NaN or infinite amax keeps the unrounded factors (UE8M0 byte 0xFF)
-                        finite = (T.reinterpret(sf_value, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
-                        sf_bits[j] = T.if_then_else(
-                            packed_sf != 0, T.if_then_else(finite, biased, T.uint32(0xFF)),
-                            T.if_then_else(finite, biased << T.uint32(23), T.reinterpret(sf_value, T.uint32)))
-                        sf_inv[j] = T.if_then_else(finite, T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32),
-                                                   T.float32(max_value) / clamped)
-                    else:
-                        sf_bits[j] = T.reinterpret(sf_value, T.uint32)
-                        sf_inv[j] = T.float32(max_value) / clamped
+                    scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, j)
 
             # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
             if read_sf == 0:
@@ -301,8 +255,8 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                                         T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
                             else:
                                 for b in T.unroll(out_width):
-                                    lo = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
-                                    hi = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
+                                    lo = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
+                                    hi = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
                                     packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
                                 for b in T.vectorized(out_width):
                                     out[row, piece_of(slot, lane, j, k, lanes_per_row), b] = packed[b]
