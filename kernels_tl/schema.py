@@ -124,8 +124,8 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count and ``"P"`` for the rows of its routing's fused
-    layout (:class:`Routing`)."""
+    ``"T"`` for the sample's token count, ``"T/<n>"`` for ``ceil(T / n)`` (a per-block grid's
+    rows) and ``"P"`` for the rows of its routing's fused layout (:class:`Routing`)."""
 
     shape: Sequence
     dtype: str

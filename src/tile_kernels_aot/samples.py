@@ -2,8 +2,8 @@
 
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
-shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
-layout) and dtype, or as one tensor of the sample's routing (``routed``).
+shape (``"T"`` standing for the token count, ``"T/<n>"`` for ``ceil(T / n)``, ``"P"`` for the rows
+of the sample's fused MoE layout) and dtype, or as one tensor of the sample's routing (``routed``).
 """
 
 from __future__ import annotations
@@ -61,11 +61,22 @@ def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> di
     return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping))}
 
 
+def _extent(d, tokens: int, routed: dict) -> int:
+    """A shape entry: an int, ``"T"`` (tokens), ``"P"`` (fused rows), or ``"T/<n>"``: ``ceil(tokens / n)``
+    (e.g. the rows of a per-block factor grid)."""
+    if d == "T":
+        return tokens
+    if d == "P":
+        return routed.get("rows")
+    if isinstance(d, str) and d.startswith("T/"):
+        return -(-tokens // int(d[2:]))
+    return int(d)
+
+
 def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
     if spec["kind"] == "routed":
         return routed[spec["field"]].clone()
-    extents = {"T": tokens, "P": routed.get("rows")}
-    shape = [extents[d] if d in extents else int(d) for d in spec["shape"]]
+    shape = [_extent(d, tokens, routed) for d in spec["shape"]]
     dtype = getattr(torch, spec["dtype"])
     if empty:  # shapes and dtypes only (argument checks, config lookup)
         return torch.empty(shape, dtype=dtype, device=device)

@@ -33,3 +33,10 @@ def test_routed_shapes_without_data():
     assert topk_idx.shape == (7, 6) and topk_idx.dtype == torch.int64
     assert token_topk_to_pos.shape == (7, 6) and token_topk_to_pos.dtype == torch.int32
     assert kwargs["pos_to_expert"].shape == (7 * 6 + 32 * 3,) and kwargs["rows"].shape == (7 * 6 + 32 * 3, 8)
+
+
+def test_per_block_grid_extents():
+    sample = to_json(Sample("grid", 100, [Randn(["T", 64], "float32"), Randn(["T/128", "T/32"], "float32")]))
+    for tokens, rows in ((1, 1), (128, 1), (129, 2), (8001, 63), (0, 0)):
+        (x, grid), _ = samples.make_args(sample, tokens, device="cpu", empty=True)
+        assert x.shape == (tokens, 64) and grid.shape == (rows, -(-tokens // 32))
