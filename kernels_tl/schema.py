@@ -155,6 +155,18 @@ class Rand:
 
 
 @dataclass(frozen=True)
+class Exp2:
+    """A tensor of powers of two ``2**n``, ``n`` a uniform integer in ``[low, high)`` (e.g.
+    power-of-two scale factors of a pre-quantized input)."""
+
+    shape: Sequence
+    dtype: str
+    low: int
+    high: int
+    kind: str = "exp2"
+
+
+@dataclass(frozen=True)
 class Routing:
     """A sample's MoE routing: ``topk_idx`` ``[T, num_topk]`` int64 with distinct experts per
     token drawn uniformly from ``[0, num_experts)`` and each entry ``-1`` (unrouted) with
@@ -183,7 +195,8 @@ class Routed:
 @dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
-    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`), at ``tokens``
+    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Exp2` / :class:`Routed`; a tuple of
+    them is passed as a tuple of tensors, e.g. a ``(data, sf)`` pair), at ``tokens``
     tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"`` extents
     come from.  The tests run every sample bit-exact against the reference; the bench times
     them."""

@@ -3,7 +3,8 @@
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
 shape (``"T"`` standing for the token count, ``"T/<n>"`` for ``ceil(T / n)``, ``"P"`` for the rows
-of the sample's fused MoE layout) and dtype, or as one tensor of the sample's routing (``routed``).
+of the sample's fused MoE layout) and dtype, or as one tensor of the sample's routing (``routed``); a list of them is passed as a tuple
+(a ``(data, sf)`` pair).
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def reference(record: dict):
 
 
 def _is_tensor_spec(value) -> bool:
-    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "routed")
+    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "exp2", "routed")
+
+
+def _is_tensor_tuple(value) -> bool:
+    """A tuple of tensor specs (a ``(data, sf)`` pair), recorded as a list."""
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(_is_tensor_spec(v) for v in value)
 
 
 def fused_rows(routing: dict, tokens: int) -> int:
@@ -82,6 +88,9 @@ def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
         return torch.empty(shape, dtype=dtype, device=device)
     if spec["kind"] == "randint":
         return torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype)
+    if spec["kind"] == "exp2":
+        n = torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=torch.int32)
+        return torch.exp2(n.to(torch.float32)).to(dtype)
     base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
         torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
     return base.to(dtype)
@@ -97,6 +106,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
         routed["rows"] = fused_rows(sample["routing"], tokens)
 
     def value(v):
+        if _is_tensor_tuple(v):
+            return tuple(_tensor(e, tokens, gen, device, empty, routed) for e in v)
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
@@ -116,6 +127,8 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
     for name, v in list(zip(names, args)) + list(kwargs.items()):
         if isinstance(v, torch.Tensor):
             tensors[name] = v
+        elif isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
+            tensors[name], tensors[name + "_sf"] = v  # a (data, sf) pair
     tensors.update(outs)
     if record["bytes"]:
         return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))

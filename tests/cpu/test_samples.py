@@ -40,3 +40,18 @@ def test_per_block_grid_extents():
     for tokens, rows in ((1, 1), (128, 1), (129, 2), (8001, 63), (0, 0)):
         (x, grid), _ = samples.make_args(sample, tokens, device="cpu", empty=True)
         assert x.shape == (tokens, 64) and grid.shape == (rows, -(-tokens // 32))
+
+
+def test_pairs_and_powers_of_two():
+    from kernels_tl.schema import Exp2, Randint
+
+    pair = (Randint(["T", 16], "int8", -128, 128), Exp2(["T", 1], "float32", -3, 4))
+    sample = to_json(Sample("pair", 10, [pair, "e4m3"]))
+    (x, fmt), _ = samples.make_args(sample, 10, torch.Generator().manual_seed(2), "cpu")
+    data, sf = x
+    assert isinstance(x, tuple) and data.shape == (10, 16) and data.dtype == torch.int8 and fmt == "e4m3"
+    exponents = torch.log2(sf)
+    assert sf.dtype == torch.float32 and torch.equal(exponents, exponents.round())
+    assert exponents.min() >= -3 and exponents.max() <= 3
+    record = {"params": [{"name": "x"}, {"name": "fmt"}], "bytes": None}
+    assert samples.bytes_moved(record, [x, fmt], {}, {}) == data.nbytes + sf.nbytes
