@@ -5,7 +5,10 @@
   ``round_sf``, or the UE8M0 byte with ``packed_sf``), the reference's arithmetic
   (``tile_kernels_aot.torch.quant.scale_factors_from_amax``);
 * ``e2m1_nibble``: the FP4 code of a float32 value without the hardware convert;
-  ``has_fp4_convert``: whether the target being lowered for has one (sm_100a and up).
+  ``has_fp4_convert``: whether the target being lowered for has one (sm_100a and up);
+* ``store_scale_factor``: one tile's factor into a factor grid given by two strides, as an fp32
+  word or a byte of a packed UE8M0 word (needs ``STORE_BYTE_SOURCE`` imported);
+* ``PASS_CONFIGS``: the lowering options of these kernels.
 
 Kernels using ``scale_factors`` need ``kernels_tl.nan_max.DEVICE_SOURCE`` imported.
 """
@@ -13,6 +16,13 @@ Kernels using ``scale_factors`` need ``kernels_tl.nan_max.DEVICE_SOURCE`` import
 from tilelang import language as T
 
 from kernels_tl.nan_max import max_nan
+
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+    # every global access is guarded by the kernel's own row / piece / group tests
+    "tl.disable_safe_memory_legalize": True,
+}
 
 MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0}
 CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126}
@@ -70,3 +80,29 @@ def scale_factors(amax, fmt: str, round_sf, packed_sf, sf_bits, sf_inv, j):
     else:
         sf_bits[j] = T.reinterpret(sf_value, T.uint32)
         sf_inv[j] = T.float32(max_value) / clamped
+
+
+# One byte of a packed UE8M0 word: the tiles of one word may be written by different blocks.
+STORE_BYTE_SOURCE = r"""
+__device__ __forceinline__ void tka_store_byte(unsigned* word, int byte, unsigned value) {
+  reinterpret_cast<unsigned char*>(word)[byte] = static_cast<unsigned char>(value);
+}
+"""
+
+
+@T.macro
+def store_scale_factor(sf, sf_row, tile_col, byte, bits, packed_sf, sf_row_stride, sf_col_stride, num_sf_cols):
+    """Tile (sf_row, tile_col)'s factor into the grid ``sf`` (32-bit words, element
+    ``[m, k]`` at ``m * sf_row_stride + k * sf_col_stride``): the fp32 ``bits``, or with
+    ``packed_sf`` the UE8M0 ``byte`` as byte ``k % 4`` of word ``[m, k // 4]``; the row's last tile
+    also zeroes the word's unused bytes (the reference's padding)."""
+    if packed_sf != 0:
+        at = sf_row * sf_row_stride + (tile_col // 4) * sf_col_stride
+        T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(sf[at]), tile_col % 4, byte))
+        if tile_col == num_sf_cols - 1:
+            for b in T.unroll(1, 4):
+                if tile_col % 4 + b < 4:
+                    T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(sf[at]),
+                                             tile_col % 4 + b, T.uint32(0)))
+    else:
+        sf[sf_row * sf_row_stride + tile_col * sf_col_stride] = bits

@@ -38,24 +38,13 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
-from kernels_tl.quant_encoding import MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors
+from kernels_tl.quant_encoding import (  # noqa: F401 (PASS_CONFIGS: read by the build)
+    MAX_VALUE, PASS_CONFIGS, STORE_BYTE_SOURCE, e2m1_nibble, has_fp4_convert, scale_factors, store_scale_factor)
 
 WARP = 32
-PASS_CONFIGS = {
-    "tl.disable_tma_lower": True,
-    "tl.disable_warp_specialized": True,
-    # every global access is guarded by the kernel's own row / piece tests
-    "tl.disable_safe_memory_legalize": True,
-}
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 BLOCK_KS = (32, 128)
 
-# One byte of a packed UE8M0 word: tiles of one word may belong to different blocks.
-STORE_BYTE_SOURCE = r"""
-__device__ __forceinline__ void tka_store_byte(unsigned* word, int byte, unsigned value) {
-  reinterpret_cast<unsigned char*>(word)[byte] = static_cast<unsigned char>(value);
-}
-"""
 
 
 def layout(in_dtype: str, block_m: int):
@@ -186,17 +175,8 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
 
                 # ---- store the factor: the first thread of the tile
                 if rl == 0 and col_ok and first_lane:
-                    if packed_sf != 0:
-                        word = tile_row * sf_row_stride + (tile_col // 4) * sf_col_stride
-                        T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(sf[word]), tile_col % 4, sf_bits[0]))
-                        if tile_col == num_sf_cols - 1:
-                            # the word's bytes past the last tile are zero
-                            for b in T.unroll(1, 4):
-                                if tile_col % 4 + b < 4:
-                                    T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(sf[word]),
-                                                             tile_col % 4 + b, T.uint32(0)))
-                    else:
-                        sf[tile_row * sf_row_stride + tile_col * sf_col_stride] = sf_bits[0]
+                    store_scale_factor(sf, tile_row, tile_col, sf_bits[0], sf_bits[0], packed_sf, sf_row_stride,
+                                       sf_col_stride, num_sf_cols)
 
             # ---- quantize and store
             if write_out != 0:

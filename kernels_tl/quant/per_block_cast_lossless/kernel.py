@@ -29,15 +29,9 @@ Static configuration: ``block_m`` (output tile rows: 1, 32, 128); the output til
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.quant_encoding import PASS_CONFIGS, STORE_BYTE_SOURCE, store_scale_factor  # noqa: F401
 
 WARP = 32
-PIECE_VALUES = 32  # FP4 values per 16-byte piece (one input tile)
-PASS_CONFIGS = {
-    "tl.disable_tma_lower": True,
-    "tl.disable_warp_specialized": True,
-    # every global access is guarded by the kernel's own row / piece tests
-    "tl.disable_safe_memory_legalize": True,
-}
 
 DEVICE_SOURCE = r"""
 // 32 FP4 values (4 words, element 8w + n in nibble n of word w) times 2**k as e4m3 bytes
@@ -55,27 +49,7 @@ __device__ __forceinline__ void tka_fp4_to_e4m3(const unsigned* in, unsigned K, 
     }
   }
 }
-__device__ __forceinline__ void tka_store_byte(unsigned* word, int byte, unsigned value) {
-  reinterpret_cast<unsigned char*>(word)[byte] = static_cast<unsigned char>(value);
-}
 """
-
-
-@T.macro
-def store_sf(out_sf, sf_row, tile_col, value, packed_sf, sf_row_stride, sf_col_stride, num_sf_cols):
-    """Tile (sf_row, tile_col)'s factor ``2**(value - 127)``: the fp32 word, or the UE8M0 byte of
-    its packed word (the last tile of a row also zeroes the word's unused bytes)."""
-    if packed_sf != 0:
-        at = sf_row * sf_row_stride + (tile_col // 4) * sf_col_stride
-        T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(out_sf[at]), tile_col % 4,
-                                 T.Cast("uint32", value)))
-        if tile_col == num_sf_cols - 1:
-            for b in T.unroll(1, 4):
-                if tile_col % 4 + b < 4:
-                    T.evaluate(T.call_extern("void", "tka_store_byte", T.address_of(out_sf[at]),
-                                             tile_col % 4 + b, T.uint32(0)))
-    else:
-        out_sf[sf_row * sf_row_stride + tile_col * sf_col_stride] = T.Cast("uint32", value) << T.uint32(23)
 
 
 def layout(block_m: int):
@@ -122,7 +96,7 @@ def per_block_cast_lossless_kernel(block_m: int):
             tid = T.get_thread_binding()
             T.assume(col_tiles > 0)
             T.annotate_min_blocks_per_sm(4)
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(DEVICE_SOURCE + STORE_BYTE_SOURCE)
 
             q = T.alloc_local((RPT, 4), T.uint32)
             codes = T.alloc_local((8,), T.uint32)
@@ -188,10 +162,14 @@ def per_block_cast_lossless_kernel(block_m: int):
             if block_m == 1:
                 for i in T.unroll(RPT):
                     if first_row + i * LR < num_tokens and col_ok and first_lane:
-                        store_sf(out_sf, first_row + i * LR, tile_col, big[i], packed_sf, sf_row_stride, sf_col_stride, num_sf_cols)
+                        store_scale_factor(out_sf, first_row + i * LR, tile_col, T.Cast("uint32", big[i]),
+                                           T.Cast("uint32", big[i]) << T.uint32(23), packed_sf, sf_row_stride,
+                                           sf_col_stride, num_sf_cols)
             else:
                 if rl == 0 and col_ok and first_lane:
-                    store_sf(out_sf, row_block, tile_col, big[0], packed_sf, sf_row_stride, sf_col_stride, num_sf_cols)
+                    store_scale_factor(out_sf, row_block, tile_col, T.Cast("uint32", big[0]),
+                                       T.Cast("uint32", big[0]) << T.uint32(23), packed_sf, sf_row_stride,
+                                       sf_col_stride, num_sf_cols)
 
             # ---- codes: e4m3 bytes of fp4 * 2**(b - B)
             for i in T.unroll(RPT):

@@ -46,7 +46,7 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
-from kernels_tl.quant_encoding import MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors
+from kernels_tl.quant_encoding import PASS_CONFIGS, MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors  # noqa: F401
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -58,12 +58,6 @@ ELEMS_PER_THREAD_ROW = 32
 # spills in any config; the bf16 grouped configs need ~40 and get 6).
 MIN_BLOCKS_PER_SM = 4
 WARP = 32
-PASS_CONFIGS = {
-    "tl.disable_tma_lower": True,
-    "tl.disable_warp_specialized": True,
-    # every global access is guarded by the kernel's own row / piece / group tests
-    "tl.disable_safe_memory_legalize": True,
-}
 
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 
