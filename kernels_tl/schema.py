@@ -130,8 +130,8 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count and ``"P"`` for the rows of its routing's fused
-    layout (:class:`Routing`)."""
+    ``"T"`` for the sample's token count, ``"T/<n>"`` for ``ceil(T / n)`` (a per-block grid's
+    rows) and ``"P"`` for the rows of its routing's fused layout (:class:`Routing`)."""
 
     shape: Sequence
     dtype: str
@@ -158,6 +158,18 @@ class Rand:
     low: float = 0.0
     high: float = 1.0
     kind: str = "rand"
+
+
+@dataclass(frozen=True)
+class Exp2:
+    """A tensor of powers of two ``2**n``, ``n`` a uniform integer in ``[low, high)`` (e.g.
+    power-of-two scale factors of a pre-quantized input)."""
+
+    shape: Sequence
+    dtype: str
+    low: int
+    high: int
+    kind: str = "exp2"
 
 
 @dataclass(frozen=True)
@@ -219,12 +231,13 @@ class Extent:
 @dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
-    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`, pairs as
-    :class:`Quantized`, sizes as :class:`Extent`), at ``tokens`` tokens, with ``routing`` the
-    :class:`Routing` its ``Routed`` tensors and ``"P"`` extents come from.  The tests run every
-    sample bit-exact against the reference; the bench times them.  ``host_sync``: the call
-    waits for the device (its output sizes depend on the data), so it cannot be captured in a
-    CUDA graph or traced with fake tensors: the bench and those tests leave it out."""
+    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Exp2` / :class:`Routed`, a
+    ``(data, sf)`` pair as a tuple of them or as :class:`Quantized`, sizes as :class:`Extent`), at
+    ``tokens`` tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"``
+    extents come from.  The tests run every sample bit-exact against the reference; the bench
+    times them.  ``host_sync``: the call waits for the device (its output sizes depend on the
+    data), so it cannot be captured in a CUDA graph or traced with fake tensors: the bench and
+    those tests leave it out."""
 
     name: str  # 'decode', 'prefill', or the upstream benchmark it mirrors
     tokens: int

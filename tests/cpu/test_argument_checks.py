@@ -19,8 +19,13 @@ def _call(record, sample, change):
     return samples.function(record)(*args, **kwargs)
 
 
+def _is_pair(a) -> bool:
+    return isinstance(a, tuple) and len(a) == 2 and all(isinstance(t, torch.Tensor) for t in a)
+
+
 def _first_tensor(record, args):
-    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    """The first tensor argument, or (data, sf) pair (whose data the checks below change)."""
+    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or _is_pair(a))
 
 
 @pytest.mark.parametrize("record,sample", CASES)
@@ -32,8 +37,10 @@ def test_bad_arguments_are_refused_by_name(record, sample):
 
     def set_first(value):
         def change(args, kwargs):
-            args[i] = value(args[i])
+            args[i] = (value(args[i][0]), args[i][1]) if _is_pair(args[i]) else value(args[i])
         return change
+
+    first = args[i][0] if _is_pair(args[i]) else args[i]
 
     with pytest.raises(TypeError, match=f"^{op}: got an unexpected keyword argument 'no_such_argument'"):
         _call(record, sample, lambda a, k: k.update(no_such_argument=1))
@@ -43,7 +50,7 @@ def test_bad_arguments_are_refused_by_name(record, sample):
         _call(record, sample, set_first(lambda t: [1.0]))
     with pytest.raises(TypeError, match=f"^{op}: {name} must have dtype"):
         _call(record, sample, set_first(lambda t: t.to(torch.float64)))
-    with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(args[i].shape)}-D"):
+    with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(first.shape)}-D"):
         _call(record, sample, set_first(lambda t: t.unsqueeze(0)))
     with pytest.raises(TypeError, match=f"^{op}: missing required argument"):
         samples.function(record)()

@@ -98,3 +98,26 @@ def test_extents_follow_the_token_count():
         assert topk_idx.shape == (50, 4) and rows == 50 * 4 + 8 * 15 and other == 151 and kwargs["rows"] == rows + 5
     plain = to_json(Sample("plain", 10, [Randint(["T", 2], "int64", 0, 4), Extent("T * 2")]))
     assert samples.make_args(plain, 7, torch.Generator().manual_seed(0), "cpu")[0][1] == 14
+
+
+def test_per_block_grid_extents():
+    sample = to_json(Sample("grid", 100, [Randn(["T", 64], "float32"), Randn(["T/128", "T/32"], "float32")]))
+    for tokens, rows in ((1, 1), (128, 1), (129, 2), (8001, 63), (0, 0)):
+        (x, grid), _ = samples.make_args(sample, tokens, device="cpu", empty=True)
+        assert x.shape == (tokens, 64) and grid.shape == (rows, -(-tokens // 32))
+
+
+def test_pairs_and_powers_of_two():
+    from kernels_tl.schema import Exp2, Randint
+
+    pair = (Randint(["T", 16], "int8", -128, 128), Exp2(["T", 1], "float32", -3, 4))
+    sample = to_json(Sample("pair", 10, [pair, "e4m3"]))
+    (x, fmt), _ = samples.make_args(sample, 10, torch.Generator().manual_seed(2), "cpu")
+    data, sf = x
+    assert isinstance(x, tuple) and data.shape == (10, 16) and data.dtype == torch.int8 and fmt == "e4m3"
+    exponents = torch.log2(sf)
+    assert sf.dtype == torch.float32 and torch.equal(exponents, exponents.round())
+    assert exponents.min() >= -3 and exponents.max() <= 3
+    record = {"params": [{"name": "x", "type": {"kind": "quantized"}}, {"name": "fmt", "type": {"kind": "str"}}],
+              "bytes": None}
+    assert samples.bytes_moved(record, [x, fmt], {}, {}) == data.nbytes + sf.nbytes
