@@ -73,11 +73,12 @@ class Bool:
 
 @dataclass(frozen=True)
 class Str:
-    """One of ``choices``.  With ``enum=True`` an ``IntEnum`` member (or its int value,
+    """One of ``choices`` (or None when ``optional``).  With ``enum=True`` an ``IntEnum`` member (or its int value,
     an index into ``choices``) is accepted too; the host gets the index either way."""
 
     choices: Sequence[str]
     enum: bool = False
+    optional: bool = False  # None allowed (the host gets ``<name>_is_none`` and an empty string)
     kind: str = "str"
 
 
@@ -124,23 +125,32 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count and ``"P"`` for the rows of its routing's fused
-    layout (:class:`Routing`)."""
+    ``"T"`` for the sample's token count, ``"T/n"`` for ``ceil(T / n)`` (e.g. the rows of
+    a grid of per-block scale factors) and ``"P"`` for the rows of its routing's fused
+    layout (:class:`Routing`).  ``layout``: ``"row"`` (contiguous) or ``"tma_col"`` (a 2-D
+    tensor stored column-major with the row dim padded to a multiple of 4, strides
+    ``(1, align(rows, 4))``, as TMA-aligned scale factors are).  A sample argument that is a
+    tuple of tensors (a quantized ``(data, sf)`` pair) is drawn as a tuple."""
 
     shape: Sequence
     dtype: str
     kind: str = "randn"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
 class Randint:
-    """A tensor of integers uniform in ``[low, high)``."""
+    """A tensor of integers uniform in ``[low, high)``.  ``view``: a dtype the drawn bits are
+    reinterpreted as (``torch.Tensor.view(dtype)``; the last dim scales by the size ratio), e.g.
+    uint8 codes as ``float8_e4m3fn``, or four uint8 exponent bytes as one packed int32."""
 
     shape: Sequence
     dtype: str
     low: int
     high: int
     kind: str = "randint"
+    layout: str = "row"
+    view: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class Rand:
     low: float = 0.0
     high: float = 1.0
     kind: str = "rand"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)

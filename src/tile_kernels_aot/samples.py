@@ -2,8 +2,9 @@
 
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
-shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
-layout) and dtype, or as one tensor of the sample's routing (``routed``).
+shape (``"T"`` standing for the token count, ``"T/n"`` for ``ceil(T / n)``, ``"P"`` for the
+rows of the sample's fused MoE layout), dtype and layout, or as one tensor of the sample's routing
+(``routed``); a list holding tensors is drawn as a tuple (a quantized ``(data, sf)`` pair).
 """
 
 from __future__ import annotations
@@ -61,19 +62,43 @@ def _routing_tensors(routing: dict, tokens: int, gen, device, empty: bool) -> di
     return {"topk_idx": topk_idx, **dict(zip(_MAPPING_FIELDS, mapping))}
 
 
+def _extent(d, extents: dict) -> int:
+    """One extent of a sample shape: an int, ``"T"``, ``"P"``, or ``"T/n"`` (``ceil(T / n)``)."""
+    if isinstance(d, str) and "/" in d:
+        name, n = d.split("/")
+        return -(-extents[name] // int(n))
+    return extents[d] if d in extents else int(d)
+
+
+def _empty(shape, dtype, device, layout):
+    """An uninitialised tensor of ``shape`` in ``layout`` (``"row"`` or ``"tma_col"``)."""
+    if layout == "tma_col":  # column-major, the row dim padded to 4 (strides (1, align(rows, 4)))
+        rows, cols = shape
+        return torch.empty((cols, -(-rows // 4) * 4), dtype=dtype, device=device).t()[:rows]
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
     if spec["kind"] == "routed":
         return routed[spec["field"]].clone()
     extents = {"T": tokens, "P": routed.get("rows")}
-    shape = [extents[d] if d in extents else int(d) for d in spec["shape"]]
+    shape = [_extent(d, extents) for d in spec["shape"]]
     dtype = getattr(torch, spec["dtype"])
-    if empty:  # shapes and dtypes only (argument checks, config lookup)
-        return torch.empty(shape, dtype=dtype, device=device)
+    view = getattr(torch, spec["view"]) if spec.get("view") else dtype  # randint: the bits reinterpreted
+    out_shape = shape[:-1] + [shape[-1] * dtype.itemsize // view.itemsize] if shape else shape
+    layout = spec.get("layout", "row")
+    out = _empty(out_shape, view, device, layout)
+    if empty:  # shapes, dtypes and strides only (argument checks, config lookup)
+        return out
     if spec["kind"] == "randint":
-        return torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype)
-    base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
-        torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
-    return base.to(dtype)
+        values = torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype).view(view)
+    else:
+        base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
+            torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
+        values = base.to(dtype)
+    if layout == "row":
+        return values
+    return out.copy_(values)
 
 
 def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: bool = False):
@@ -86,6 +111,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
         routed["rows"] = fused_rows(sample["routing"], tokens)
 
     def value(v):
+        if isinstance(v, (list, tuple)) and any(_is_tensor_spec(e) for e in v):  # a (data, sf) pair
+            return tuple(value(e) for e in v)
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}

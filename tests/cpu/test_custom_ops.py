@@ -95,17 +95,21 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args, kwargs = _cpu_call(record, sample)
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    # (argument, element of a (data, sf) pair or None) of every tensor argument
+    positions = [(i, None) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    positions += [(i, j) for i, a in enumerate(args) if isinstance(a, tuple)
+                  for j, t in enumerate(a) if isinstance(t, torch.Tensor)]
     keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def call(*tensors):
         full, named = list(args), dict(kwargs)
-        for i, t in zip(positions, tensors):
-            full[i] = t
+        for (i, j), t in zip(positions, tensors):
+            full[i] = t if j is None else tuple(t if m == j else v for m, v in enumerate(full[i]))
         named.update(zip(keys, tensors[len(positions):]))
         return samples.function(record)(*full, **named)
 
-    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] for i in positions], *[kwargs[k] for k in keys])
+    graph = make_fx(call, tracing_mode="symbolic")(*[args[i] if j is None else args[i][j] for i, j in positions],
+                                                   *[kwargs[k] for k in keys])
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert getattr(torch.ops.tile_kernels_aot, record["name"]).default in targets, graph.code
     if record["token_dim"] is None or not positions or not record["returns"]:

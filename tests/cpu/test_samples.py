@@ -33,3 +33,24 @@ def test_routed_shapes_without_data():
     assert topk_idx.shape == (7, 6) and topk_idx.dtype == torch.int64
     assert token_topk_to_pos.shape == (7, 6) and token_topk_to_pos.dtype == torch.int32
     assert kwargs["pos_to_expert"].shape == (7 * 6 + 32 * 3,) and kwargs["rows"].shape == (7 * 6 + 32 * 3, 8)
+
+
+def test_pairs_layouts_views_and_block_extents():
+    """A quantized (data, sf) pair: codes as uint8 bits viewed as e4m3, factors over blocks of
+    32 tokens ("T/32") as packed words (four uint8 draws per int32) in the TMA-aligned
+    column-major layout."""
+    from kernels_tl.schema import Rand, Randint
+
+    sample = to_json(Sample("pair", 70, [(Randint(["T", 64], "uint8", 0, 256, view="float8_e4m3fn"),
+                                          Randint(["T/32", 8], "uint8", 112, 143, layout="tma_col", view="int32")),
+                                         Rand(["T/128", 3], "float32", 1.0, 2.0, layout="tma_col")]))
+    for empty in (False, True):
+        (pair, sf), _ = samples.make_args(sample, 70, torch.Generator().manual_seed(2), "cpu", empty=empty)
+        data, words = pair
+        assert isinstance(pair, tuple) and data.dtype == torch.float8_e4m3fn and data.shape == (70, 64)
+        assert words.dtype == torch.int32 and words.shape == (3, 2) and words.stride() == (1, 4)
+        assert sf.shape == (1, 3) and sf.stride() == (1, 4)
+        if not empty:
+            exponents = words.contiguous().view(torch.uint8)
+            assert bool(((exponents >= 112) & (exponents < 143)).all())
+            assert bool(((sf >= 1) & (sf < 2)).all())
