@@ -160,7 +160,8 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
                         for w in T.unroll(words):
                             codes[k, w] = x[row, atom_of(lane, k, lanes_per_row), w]
                     if coarse:
-                        factor[k] = factor_of(sf, sf_row, atom_of(lane, k, lanes_per_row) * ATOM, bk_shift, sf_col_stride, packed_sf)
+                        factor[k] = factor_of(sf, sf_row, atom_of(lane, k, lanes_per_row) * ATOM, bk_shift,
+                                              sf_col_stride, packed_sf)
 
             # ---- decode, scale, round, store
             for k in T.unroll(ATOMS):
@@ -171,15 +172,17 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
                         elif in_fmt == "e2m1":
                             q[u] = _e2m1_value(codes[k, 0], u)
                         else:
-                            half = T.reinterpret(T.Cast("uint16", _e5m6_half_bits([codes[k, 0], codes[k, 1], codes[k, 2]], u)),
-                                                 T.float16)
+                            bits = _e5m6_half_bits([codes[k, 0], codes[k, 1], codes[k, 2]], u)
+                            half = T.reinterpret(T.Cast("uint16", bits), T.float16)
                             q[u] = T.Cast(T.float32, half)
                     if coarse:
                         for u in T.unroll(ATOM):
                             vals[u] = T.Cast(out_dtype, q[u] * factor[k])
                     else:
                         for u in T.unroll(ATOM):
-                            vals[u] = T.Cast(out_dtype, q[u] * factor_of(sf, sf_row, atom_of(lane, k, lanes_per_row) * ATOM + u, bk_shift, sf_col_stride, packed_sf))
+                            # per-channel blocks: a factor per element
+                            col = atom_of(lane, k, lanes_per_row) * ATOM + u
+                            vals[u] = T.Cast(out_dtype, q[u] * factor_of(sf, sf_row, col, bk_shift, sf_col_stride, packed_sf))
                     for u in T.vectorized(ATOM):
                         out[row, atom_of(lane, k, lanes_per_row), u] = vals[u]
 
