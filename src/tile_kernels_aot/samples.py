@@ -132,6 +132,8 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
     for name, v in list(zip(names, args)) + list(kwargs.items()):
         if isinstance(v, torch.Tensor):
             tensors[name] = v
+        elif isinstance(v, tuple) and len(v) == 2 and all(isinstance(t, torch.Tensor) for t in v):
+            tensors[name], tensors[name + "_sf"] = v  # a quantized (data, sf) pair
     tensors.update(outs)
     if record["bytes"]:
         return int(eval(record["bytes"], {"__builtins__": {}}, {k: v for k, v in tensors.items()}))

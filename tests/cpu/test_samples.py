@@ -54,3 +54,10 @@ def test_pairs_layouts_views_and_block_extents():
             exponents = words.contiguous().view(torch.uint8)
             assert bool(((exponents >= 112) & (exponents < 143)).all())
             assert bool(((sf >= 1) & (sf < 2)).all())
+
+
+def test_bytes_moved_counts_both_tensors_of_a_pair():
+    record = {"params": [{"name": "x"}, {"name": "fmt"}], "bytes": None}
+    pair = (torch.empty(4, 64, dtype=torch.uint8), torch.empty(4, 2))
+    outs = {"out": torch.empty(4, 64, dtype=torch.bfloat16)}
+    assert samples.bytes_moved(record, [pair, "bf16"], {}, outs) == 256 + 32 + 512
