@@ -73,11 +73,12 @@ class Bool:
 
 @dataclass(frozen=True)
 class Str:
-    """One of ``choices``.  With ``enum=True`` an ``IntEnum`` member (or its int value,
+    """One of ``choices`` (or None when ``optional``).  With ``enum=True`` an ``IntEnum`` member (or its int value,
     an index into ``choices``) is accepted too; the host gets the index either way."""
 
     choices: Sequence[str]
     enum: bool = False
+    optional: bool = False  # None allowed (the host gets ``<name>_is_none`` and an empty string)
     kind: str = "str"
 
 
@@ -130,23 +131,31 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count, ``"T/<n>"`` for ``ceil(T / n)`` (a per-block grid's
-    rows) and ``"P"`` for the rows of its routing's fused layout (:class:`Routing`)."""
+    ``"T"`` for the sample's token count, ``"T/<n>"`` for ``ceil(T / n)`` (e.g. the rows of a
+    grid of per-block scale factors) and ``"P"`` for the rows of its routing's fused layout
+    (:class:`Routing`).  ``layout`` (every drawn kind): ``"row"`` (contiguous) or ``"tma_col"``
+    (a 2-D tensor stored column-major with the row dim padded to a multiple of 4, strides
+    ``(1, align(rows, 4))``, as TMA-aligned scale factors are)."""
 
     shape: Sequence
     dtype: str
     kind: str = "randn"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
 class Randint:
-    """A tensor of integers uniform in ``[low, high)``."""
+    """A tensor of integers uniform in ``[low, high)``.  ``view``: a dtype the drawn bits are
+    reinterpreted as (``torch.Tensor.view(dtype)``; the last dim scales by the size ratio), e.g.
+    uint8 codes as ``float8_e4m3fn``, or four uint8 exponent bytes as one packed int32."""
 
     shape: Sequence
     dtype: str
     low: int
     high: int
     kind: str = "randint"
+    layout: str = "row"
+    view: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,7 @@ class Rand:
     low: float = 0.0
     high: float = 1.0
     kind: str = "rand"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,7 @@ class Exp2:
     low: int
     high: int
     kind: str = "exp2"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
