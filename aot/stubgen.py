@@ -213,9 +213,15 @@ def _parse_param(i: int, p, qual: str) -> list:
             L.append(f"  a.{n} = {d};\n")
             L.append(f"  if ({given} && !enum_arg(op, {cpp_string(n)}, v[{i}], {{{choices}}}, &a.{n})){fail}\n")
         else:
-            d = "" if p.default == REQUIRED else str(p.default)
+            d = "" if p.default in (REQUIRED, None) else str(p.default)
             L.append(f"  a.{n} = {cpp_string(d)};\n")
-            L.append(f"  if ({given} && !str_arg(op, {cpp_string(n)}, v[{i}], {{{choices}}}, &a.{n})){fail}\n")
+            if t.optional:  # None: an empty string and <name>_is_none
+                L.append(f"  a.{n}_is_none = {'true' if p.default is None else 'false'};\n")
+                L.append(f"  if ({given} && v[{i}] == Py_None) {{ a.{n} = \"\"; a.{n}_is_none = true; }}\n")
+                L.append(f"  else if ({given} && (a.{n}_is_none = false, "
+                         f"!str_arg(op, {cpp_string(n)}, v[{i}], {{{choices}}}, &a.{n}))){fail}\n")
+            else:
+                L.append(f"  if ({given} && !str_arg(op, {cpp_string(n)}, v[{i}], {{{choices}}}, &a.{n})){fail}\n")
     elif t.kind == "int_tuple":
         if p.default not in (REQUIRED, None):
             L.append(f"  a.{n} = {{{', '.join(str(int(x)) for x in p.default)}}};\n")

@@ -73,11 +73,12 @@ class Bool:
 
 @dataclass(frozen=True)
 class Str:
-    """One of ``choices``.  With ``enum=True`` an ``IntEnum`` member (or its int value,
+    """One of ``choices`` (or None when ``optional``).  With ``enum=True`` an ``IntEnum`` member (or its int value,
     an index into ``choices``) is accepted too; the host gets the index either way."""
 
     choices: Sequence[str]
     enum: bool = False
+    optional: bool = False  # None allowed (the host gets ``<name>_is_none`` and an empty string)
     kind: str = "str"
 
 
@@ -130,23 +131,31 @@ class Out:
 @dataclass(frozen=True)
 class Randn:
     """A tensor of standard-normal values (drawn in float32, then cast).  ``shape`` may use
-    ``"T"`` for the sample's token count and ``"P"`` for the rows of its routing's fused
-    layout (:class:`Routing`)."""
+    ``"T"`` for the sample's token count, ``"T/<n>"`` for ``ceil(T / n)`` (e.g. the rows of a
+    grid of per-block scale factors) and ``"P"`` for the rows of its routing's fused layout
+    (:class:`Routing`).  ``layout`` (every drawn kind): ``"row"`` (contiguous) or ``"tma_col"``
+    (a 2-D tensor stored column-major with the row dim padded to a multiple of 4, strides
+    ``(1, align(rows, 4))``, as TMA-aligned scale factors are)."""
 
     shape: Sequence
     dtype: str
     kind: str = "randn"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
 class Randint:
-    """A tensor of integers uniform in ``[low, high)``."""
+    """A tensor of integers uniform in ``[low, high)``.  ``view``: a dtype the drawn bits are
+    reinterpreted as (``torch.Tensor.view(dtype)``; the last dim scales by the size ratio), e.g.
+    uint8 codes as ``float8_e4m3fn``, or four uint8 exponent bytes as one packed int32."""
 
     shape: Sequence
     dtype: str
     low: int
     high: int
     kind: str = "randint"
+    layout: str = "row"
+    view: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,20 @@ class Rand:
     low: float = 0.0
     high: float = 1.0
     kind: str = "rand"
+    layout: str = "row"
+
+
+@dataclass(frozen=True)
+class Exp2:
+    """A tensor of powers of two ``2**n``, ``n`` a uniform integer in ``[low, high)`` (e.g.
+    power-of-two scale factors of a pre-quantized input)."""
+
+    shape: Sequence
+    dtype: str
+    low: int
+    high: int
+    kind: str = "exp2"
+    layout: str = "row"
 
 
 @dataclass(frozen=True)
@@ -219,12 +242,13 @@ class Extent:
 @dataclass(frozen=True)
 class Sample:
     """One call of the op: positional ``args`` and keyword ``kwargs`` (tensors given as
-    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Routed`, pairs as
-    :class:`Quantized`, sizes as :class:`Extent`), at ``tokens`` tokens, with ``routing`` the
-    :class:`Routing` its ``Routed`` tensors and ``"P"`` extents come from.  The tests run every
-    sample bit-exact against the reference; the bench times them.  ``host_sync``: the call
-    waits for the device (its output sizes depend on the data), so it cannot be captured in a
-    CUDA graph or traced with fake tensors: the bench and those tests leave it out."""
+    :class:`Randn` / :class:`Randint` / :class:`Rand` / :class:`Exp2` / :class:`Routed`, a
+    ``(data, sf)`` pair as a tuple of them or as :class:`Quantized`, sizes as :class:`Extent`), at
+    ``tokens`` tokens, with ``routing`` the :class:`Routing` its ``Routed`` tensors and ``"P"``
+    extents come from.  The tests run every sample bit-exact against the reference; the bench
+    times them.  ``host_sync``: the call waits for the device (its output sizes depend on the
+    data), so it cannot be captured in a CUDA graph or traced with fake tensors: the bench and
+    those tests leave it out."""
 
     name: str  # 'decode', 'prefill', or the upstream benchmark it mirrors
     tokens: int

@@ -231,7 +231,8 @@ def bench_op(record, sample, copy_tbs):
     gen = torch.Generator(device="cuda").manual_seed(n)
     args, kwargs = samples.make_args(sample, n, gen)
     first = samples.outputs_by_name(record, fn(*args, **kwargs))
-    per_call = sum(t.nbytes for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor))
+    flat = [t for v in list(args) + list(kwargs.values()) for t in (v if isinstance(v, tuple) else (v,))]
+    per_call = sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))  # (data, sf) pairs included
     per_call += sum(t.untyped_storage().nbytes() for t in first.values())
     sets = max(2, min(64, math.ceil(3 * L2_BYTES / max(per_call, 1))))
     inputs = [samples.make_args(sample, n, gen) for _ in range(sets)]

@@ -138,7 +138,7 @@ def torch_params(record: dict) -> list:
         elif kind == "bool":
             result.append((p["name"], "bool", default))
         elif kind == "str":
-            result.append((p["name"], "str", default))
+            result.append((p["name"], "str" + ("?" if t.get("optional") else ""), default))
         elif kind == "int_tuple":
             result.append((p["name"], f"int[{t['length']}]" + ("?" if t["optional"] else ""), default))
         else:

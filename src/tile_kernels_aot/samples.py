@@ -2,10 +2,12 @@
 
 A sample is plain data from the op folder's ``schema.py`` (recorded in the manifest): positional
 and keyword arguments where tensors are described by kind (``randn``, ``randint``, ``rand``),
-shape (``"T"`` standing for the token count, ``"P"`` for the rows of the sample's fused MoE
-layout) and dtype, or as one tensor of the sample's routing (``routed``); a pre-quantized
-``(data, sf)`` pair as ``quantized`` (the reference ``per_block_cast`` of a normal tensor), and
-sizes that follow the token count as expressions over ``T`` and ``P`` (``extent``).
+shape (``"T"`` standing for the token count, ``"T/<n>"`` for ``ceil(T / n)``, ``"P"`` for the rows
+of the sample's fused MoE layout), dtype and layout (``"row"``, or ``"tma_col"``: TMA-aligned
+column-major), ``randint`` bits optionally viewed as another dtype, ``exp2`` powers of two, or as one
+tensor of the sample's routing (``routed``); a pre-quantized ``(data, sf)`` pair as a list of two
+tensor specs or as ``quantized`` (the reference ``per_block_cast`` of a normal tensor), and sizes
+that follow the token count as expressions over ``T`` and ``P`` (``extent``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def reference(record: dict):
 
 
 def _is_tensor_spec(value) -> bool:
-    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "routed", "quantized")
+    return isinstance(value, dict) and value.get("kind") in ("randn", "randint", "rand", "exp2", "routed",
+                                                              "quantized")
 
 
 def fused_rows(routing: dict, tokens: int) -> int:
@@ -85,21 +88,51 @@ def _quantized_pair(spec: dict, shape: list, gen, device, empty: bool) -> tuple:
                           round_sf=spec["round_sf"], use_packed_ue8m0=spec["use_packed_ue8m0"])
 
 
+def _extent(d, tokens: int, routed: dict) -> int:
+    """A shape entry: an int, ``"T"`` (tokens), ``"P"`` (fused rows), or ``"T/<n>"``: ``ceil(tokens / n)``
+    (e.g. the rows of a per-block factor grid)."""
+    if d == "T":
+        return tokens
+    if d == "P":
+        return routed.get("rows")
+    if isinstance(d, str) and d.startswith("T/"):
+        return -(-tokens // int(d[2:]))
+    return int(d)
+
+
+def _empty(shape, dtype, device, layout):
+    """An uninitialised tensor of ``shape`` in ``layout`` (``"row"`` or ``"tma_col"``)."""
+    if layout == "tma_col":  # column-major, the row dim padded to 4 (strides (1, align(rows, 4)))
+        rows, cols = shape
+        return torch.empty((cols, -(-rows // 4) * 4), dtype=dtype, device=device).t()[:rows]
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _tensor(spec: dict, tokens: int, gen, device, empty: bool, routed: dict):
     if spec["kind"] == "routed":
         return routed[spec["field"]].clone()
-    extents = {"T": tokens, "P": routed.get("rows")}
-    shape = [extents[d] if d in extents else int(d) for d in spec["shape"]]
+    shape = [_extent(d, tokens, routed) for d in spec["shape"]]
     if spec["kind"] == "quantized":
         return _quantized_pair(spec, shape, gen, device, empty)
     dtype = getattr(torch, spec["dtype"])
-    if empty:  # shapes and dtypes only (argument checks, config lookup)
-        return torch.empty(shape, dtype=dtype, device=device)
+    view = getattr(torch, spec["view"]) if spec.get("view") else dtype  # randint: the bits reinterpreted
+    out_shape = shape[:-1] + [shape[-1] * dtype.itemsize // view.itemsize] if shape else shape
+    layout = spec.get("layout", "row")
+    out = _empty(out_shape, view, device, layout)
+    if empty:  # shapes, dtypes and strides only (argument checks, config lookup)
+        return out
     if spec["kind"] == "randint":
-        return torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype)
-    base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
-        torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
-    return base.to(dtype)
+        values = torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=dtype).view(view)
+    elif spec["kind"] == "exp2":
+        n = torch.randint(spec["low"], spec["high"], shape, generator=gen, device=device, dtype=torch.int32)
+        values = torch.exp2(n.to(torch.float32)).to(dtype)
+    else:
+        base = torch.randn(shape, generator=gen, device=device) if spec["kind"] == "randn" else \
+            torch.rand(shape, generator=gen, device=device) * (spec["high"] - spec["low"]) + spec["low"]
+        values = base.to(dtype)
+    if layout == "row":
+        return values
+    return out.copy_(values)
 
 
 def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: bool = False):

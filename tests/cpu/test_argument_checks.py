@@ -2,6 +2,8 @@
 installed build, on a machine without a GPU: each raises an exception that names the op and
 the argument (the edge-case harness in tests/gpu covers the checks that need a device)."""
 
+import re
+
 import pytest
 import torch
 
@@ -19,8 +21,13 @@ def _call(record, sample, change):
     return samples.function(record)(*args, **kwargs)
 
 
+def _is_pair(a):
+    return isinstance(a, tuple) and len(a) == 2 and all(isinstance(t, torch.Tensor) for t in a)
+
+
 def _first_tensor(record, args):
-    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    """The first tensor argument, or a quantized ``(data, sf)`` pair (whose data is changed)."""
+    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or _is_pair(a))
 
 
 @pytest.mark.parametrize("record,sample", CASES)
@@ -29,21 +36,25 @@ def test_bad_arguments_are_refused_by_name(record, sample):
     args, _ = samples.make_args(sample, 1, device="cpu", empty=True)
     i = _first_tensor(record, args)
     name = record["params"][i]["name"]
+    pair = _is_pair(args[i])
+    data = args[i][0] if pair else args[i]
+    expected = "a (data, sf) pair" if pair and not record["params"][i]["type"].get("plain_dtypes") else "a torch.Tensor"
 
-    def set_first(value):
+    def set_first(value, whole=False):
         def change(args, kwargs):
-            args[i] = value(args[i])
+            args[i] = value(args[i]) if whole or not pair else (value(args[i][0]), args[i][1])
         return change
 
     with pytest.raises(TypeError, match=f"^{op}: got an unexpected keyword argument 'no_such_argument'"):
         _call(record, sample, lambda a, k: k.update(no_such_argument=1))
-    with pytest.raises(TypeError, match=f"^{op}: {name} must be a torch.Tensor, got None"):
-        _call(record, sample, set_first(lambda t: None))
-    with pytest.raises(TypeError, match=f"^{op}: {name} must be a torch.Tensor, got list"):
-        _call(record, sample, set_first(lambda t: [1.0]))
+    refused = "^" + re.escape(f"{op}: {name} must be {expected}") + ".* got "
+    with pytest.raises(TypeError, match=refused + "None"):
+        _call(record, sample, set_first(lambda t: None, whole=True))
+    with pytest.raises(TypeError, match=refused + "list"):
+        _call(record, sample, set_first(lambda t: [1.0], whole=True))
     with pytest.raises(TypeError, match=f"^{op}: {name} must have dtype"):
         _call(record, sample, set_first(lambda t: t.to(torch.float64)))
-    with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(args[i].shape)}-D"):
+    with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(data.shape)}-D"):
         _call(record, sample, set_first(lambda t: t.unsqueeze(0)))
     with pytest.raises(TypeError, match=f"^{op}: missing required argument"):
         samples.function(record)()

@@ -98,3 +98,81 @@ def test_extents_follow_the_token_count():
         assert topk_idx.shape == (50, 4) and rows == 50 * 4 + 8 * 15 and other == 151 and kwargs["rows"] == rows + 5
     plain = to_json(Sample("plain", 10, [Randint(["T", 2], "int64", 0, 4), Extent("T * 2")]))
     assert samples.make_args(plain, 7, torch.Generator().manual_seed(0), "cpu")[0][1] == 14
+
+
+def test_per_block_grid_extents():
+    sample = to_json(Sample("grid", 100, [Randn(["T", 64], "float32"), Randn(["T/128", "T/32"], "float32")]))
+    for tokens, rows in ((1, 1), (128, 1), (129, 2), (8001, 63), (0, 0)):
+        (x, grid), _ = samples.make_args(sample, tokens, device="cpu", empty=True)
+        assert x.shape == (tokens, 64) and grid.shape == (rows, -(-tokens // 32))
+
+
+def test_pairs_and_powers_of_two():
+    from kernels_tl.schema import Exp2, Randint
+
+    pair = (Randint(["T", 16], "int8", -128, 128), Exp2(["T", 1], "float32", -3, 4))
+    sample = to_json(Sample("pair", 10, [pair, "e4m3"]))
+    (x, fmt), _ = samples.make_args(sample, 10, torch.Generator().manual_seed(2), "cpu")
+    data, sf = x
+    assert isinstance(x, tuple) and data.shape == (10, 16) and data.dtype == torch.int8 and fmt == "e4m3"
+    exponents = torch.log2(sf)
+    assert sf.dtype == torch.float32 and torch.equal(exponents, exponents.round())
+    assert exponents.min() >= -3 and exponents.max() <= 3
+    record = {"params": [{"name": "x", "type": {"kind": "quantized"}}, {"name": "fmt", "type": {"kind": "str"}}],
+              "bytes": None}
+    assert samples.bytes_moved(record, [x, fmt], {}, {}) == data.nbytes + sf.nbytes
+
+
+def test_pairs_layouts_views_and_block_extents():
+    """A quantized (data, sf) pair: codes as uint8 bits viewed as e4m3, factors over blocks of
+    32 tokens ("T/32") as packed words (four uint8 draws per int32) in the TMA-aligned
+    column-major layout."""
+    from kernels_tl.schema import Rand, Randint
+
+    sample = to_json(Sample("pair", 70, [(Randint(["T", 64], "uint8", 0, 256, view="float8_e4m3fn"),
+                                          Randint(["T/32", 8], "uint8", 112, 143, layout="tma_col", view="int32")),
+                                         Rand(["T/128", 3], "float32", 1.0, 2.0, layout="tma_col")]))
+    for empty in (False, True):
+        (pair, sf), _ = samples.make_args(sample, 70, torch.Generator().manual_seed(2), "cpu", empty=empty)
+        data, words = pair
+        assert isinstance(pair, tuple) and data.dtype == torch.float8_e4m3fn and data.shape == (70, 64)
+        assert words.dtype == torch.int32 and words.shape == (3, 2) and words.stride() == (1, 4)
+        assert sf.shape == (1, 3) and sf.stride() == (1, 4)
+        if not empty:
+            exponents = words.contiguous().view(torch.uint8)
+            assert bool(((exponents >= 112) & (exponents < 143)).all())
+            assert bool(((sf >= 1) & (sf < 2)).all())
+
+
+def test_bytes_moved_counts_both_tensors_of_a_pair():
+    record = {"params": [{"name": "x", "type": {"kind": "quantized"}}, {"name": "fmt", "type": {"kind": "str"}}],
+              "bytes": None}
+    pair = (torch.empty(4, 64, dtype=torch.uint8), torch.empty(4, 2))
+    outs = {"out": torch.empty(4, 64, dtype=torch.bfloat16)}
+    assert samples.bytes_moved(record, [pair, "bf16"], {}, outs) == 256 + 32 + 512
+
+
+def test_optional_str_parameters():
+    """Str(optional=True) (e.g. cast_back's x_special_fmt=None): the torch schema takes ``str?``
+    defaulting to None, and the stub parses None into an empty string and ``<name>_is_none``."""
+    from aot import stubgen
+    from kernels_tl.schema import Op, Param, Str
+    from tile_kernels_aot import custom_ops
+
+    param = Param("x_special_fmt", Str(["e5m6"], optional=True), None)
+    record = {"module": "quant", "name": "demo", "params": [to_json(param)]}
+    assert custom_ops.torch_params(record) == [("x_special_fmt", "str?", "None")]
+    op = Op("quant", "demo", [param], [], None, "ref", [], "")
+    assert "bool x_special_fmt_is_none;" in stubgen._arg_fields(op)
+    parse = "".join(stubgen._parse_param(0, param, "quant.demo"))
+    assert "a.x_special_fmt_is_none = true;" in parse and "v[0] == Py_None" in parse
+
+
+def test_powers_of_two_in_the_tma_aligned_layout():
+    from kernels_tl.schema import Exp2
+
+    sample = to_json(Sample("exp2", 10, [Exp2(["T", 3], "float32", -2, 3, layout="tma_col")]))
+    (sf,), _ = samples.make_args(sample, 6, torch.Generator().manual_seed(4), "cpu")
+    assert sf.shape == (6, 3) and sf.stride() == (1, 8)
+    exponents = torch.log2(sf)
+    assert torch.equal(exponents, exponents.round()) and exponents.min() >= -2 and exponents.max() <= 2

@@ -54,7 +54,10 @@ def test_bit_identical_reruns(name, call, per_token, gen):
 
 
 def _rows(value, start, stop, n):
-    """Rows start:stop of a per-token argument (a tensor with n rows), else the value itself."""
+    """Rows start:stop of a per-token argument (a tensor with n rows, or a (data, sf) pair of
+    them), else the value itself."""
+    if isinstance(value, tuple):
+        return tuple(_rows(v, start, stop, n) for v in value)
     if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
         return value[start:stop].contiguous()
     return value

@@ -56,9 +56,25 @@ def _assert_matches_reference(record, args, kwargs, result, what):
 # ---- huge: past 2^31 elements and 2^31 bytes ---------------------------------------------
 
 def _rows(value, start, stop, n):
+    if isinstance(value, tuple):  # a quantized (data, sf) pair
+        return tuple(_rows(v, start, stop, n) for v in value)
     if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
         return value[start:stop]
     return value
+
+
+def _tensors(values):
+    """The tensors among ``values``, those of (data, sf) pairs included."""
+    for v in values:
+        if isinstance(v, tuple):
+            yield from _tensors(v)
+        elif isinstance(v, torch.Tensor):
+            yield v
+
+
+def _first_tensor_arg(args):
+    """Index of the first tensor argument or quantized (data, sf) pair."""
+    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or (isinstance(a, tuple) and any(_tensors(a))))
 
 
 @pytest.mark.parametrize("record,sample", _first_samples(per_token_only=True))
@@ -66,10 +82,10 @@ def test_huge_inputs_are_exact_or_refused(record, sample, gen):
     """The first tensor past 2^31 elements: rows at the start, around the 2^31-byte and
     2^31-element boundaries and at the end are exact against the reference on those rows."""
     probe, _ = samples.make_args(sample, 1, gen)
-    first = next(a for a in probe if isinstance(a, torch.Tensor))
+    first = next(_tensors(probe))
     row_elements, row_bytes = first.numel(), first.nbytes
     n = (2**31 // row_elements) + 300
-    per_row = sum(t.nbytes for t in probe if isinstance(t, torch.Tensor))
+    per_row = sum(t.nbytes for t in _tensors(probe))
     fn = function(record)
     outs = outputs_by_name(record, fn(*probe))
     per_row += sum(t.untyped_storage().nbytes() for t in outs.values())
@@ -177,10 +193,13 @@ def test_layouts_are_exact_or_refused_naming_the_argument(record, sample, layout
 @pytest.mark.parametrize("record,sample", _first_samples())
 def test_zero_size_inner_dims_are_empty_or_refused(record, sample, gen):
     args, kwargs = samples.make_args(sample, samples.token_counts(record, 64)[0], gen)
-    first = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-    shape = list(args[first].shape)
+    first = _first_tensor_arg(args)
+    pair = isinstance(args[first], tuple)
+    data = args[first][0] if pair else args[first]
+    shape = list(data.shape)
     shape[-1] = 0
-    args[first] = torch.empty(shape, dtype=args[first].dtype, device="cuda")
+    data = torch.empty(shape, dtype=data.dtype, device="cuda")
+    args[first] = (data, *args[first][1:]) if pair else data
     try:
         result = outputs_by_name(record, function(record)(*args, **kwargs))
     except ValueError as e:
@@ -219,7 +238,7 @@ def test_misuse_is_refused_and_the_context_stays_healthy(record, sample, gen):
                         fn(*args, **kwargs, **{name: alias})
     with pytest.raises(TypeError, match=f"^{op}: got an unexpected keyword argument"):
         fn(*args, **kwargs, no_such_argument=1)
-    first = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    first = _first_tensor_arg(args)
     with pytest.raises(TypeError, match=f"^{op}: {record['params'][first]['name']} must be"):
         fn(*args[:first], None, *args[first + 1:], **kwargs)
     tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -58,6 +58,7 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
+from kernels_tl.quant_encoding import PASS_CONFIGS, MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors  # noqa: F401
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -69,15 +70,7 @@ ELEMS_PER_THREAD_ROW = 32
 # spills in any config; the bf16 grouped configs need ~40 and get 6).
 MIN_BLOCKS_PER_SM = 4
 WARP = 32
-PASS_CONFIGS = {
-    "tl.disable_tma_lower": True,
-    "tl.disable_warp_specialized": True,
-    # every global access is guarded by the kernel's own row / piece / group tests
-    "tl.disable_safe_memory_legalize": True,
-}
 
-_MAX_VALUE = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}
-_CLAMP_MIN = {"e4m3": 1e-4, "e2m1": 6.0 * 2.0**-126, "e5m6": 1e-4}
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 # pre-quantized inputs (data, sf): e4m3 bytes or e2m1 nibbles packed two per int8
 QUANTIZED_INPUTS = ("float8_e4m3fn", "int8")
@@ -93,35 +86,6 @@ def _group_layout(in_dtype: str, group: int):
     rounds = PIECES_PER_THREAD[in_dtype] // ppt
     assert tpg * ppt == pieces_per_group and rounds * ppt == PIECES_PER_THREAD[in_dtype] and 4 % rounds == 0
     return tpg, ppt, rounds
-
-
-def _has_fp4_convert() -> bool:
-    """Whether the target being lowered for has cvt.*.e2m1x2 (sm_100a and up)."""
-    import tvm
-
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or target.kind.name != "cuda":
-        return False
-    arch = str(target.attrs.get("arch", ""))
-    return arch.startswith("sm_") and arch.endswith(("a", "f")) and int(arch[3:-1]) >= 100
-
-
-def _e2m1_nibble(v):
-    """FP4 nibble of a float32 value, round-to-nearest-even, saturating at 6.
-
-    The magnitude code is the number of rounding boundaries at or below |v|:
-    between neighbours q_i < q_{i+1} the boundary is their midpoint, which
-    belongs to the neighbour with the even code (0.25 -> 0, 0.75 -> 1.0, ...).
-    The sign bit is the float's, so small negatives give -0 (0x8)."""
-    a = T.abs(v)
-    code = (
-        T.Cast("uint32", a > T.float32(0.25)) + T.Cast("uint32", a >= T.float32(0.75))
-        + T.Cast("uint32", a > T.float32(1.25)) + T.Cast("uint32", a >= T.float32(1.75))
-        + T.Cast("uint32", a > T.float32(2.5)) + T.Cast("uint32", a >= T.float32(3.5))
-        + T.Cast("uint32", a > T.float32(5.0))
-    )
-    sign = (T.reinterpret(v, T.uint32) >> T.uint32(28)) & T.uint32(8)
-    return code | sign
 
 
 # Device helpers of the e5m6 encoding and of the pre-quantized-input kernel (CUDA, imported
@@ -227,38 +191,11 @@ __device__ __forceinline__ unsigned tka_e2m1_to_e4m3(unsigned w, float f) {
 """
 
 
-def _factor_macro(fmt: str):
-    """A macro computing group ``j``'s stored factor bits (``sf_bits``) and ``sf_inv`` from
-    its ``amax``, as the reference's ``scale_factors_from_amax``: ``c = max(amax, clamp)``,
-    ``sf = c / MAX``, ``sf_inv = MAX / c`` (IEEE divisions), or with ``round_sf`` powers of two
-    taken on the bits (a non-finite factor keeps its unrounded value; UE8M0 byte 0xFF)."""
-    max_value, clamp_min = _MAX_VALUE[fmt], _CLAMP_MIN[fmt]
-
-    @T.macro
-    def factors(amax, sf_bits, sf_inv, j, round_sf, packed_sf):
-        clamped = max_nan(amax[j], T.float32(clamp_min))  # a NaN amax stays NaN
-        sf_value = clamped / T.float32(max_value)
-        if round_sf != 0:
-            # biased exponent of 2**ceil(log2(sf)): minus one moves exact powers of two down a binade
-            biased = ((T.reinterpret(sf_value, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-            finite = (T.reinterpret(sf_value, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
-            sf_bits[j] = T.if_then_else(
-                packed_sf != 0, T.if_then_else(finite, biased, T.uint32(0xFF)),
-                T.if_then_else(finite, biased << T.uint32(23), T.reinterpret(sf_value, T.uint32)))
-            sf_inv[j] = T.if_then_else(finite, T.reinterpret((T.uint32(254) - biased) << T.uint32(23), T.float32),
-                                       T.float32(max_value) / clamped)
-        else:
-            sf_bits[j] = T.reinterpret(sf_value, T.uint32)
-            sf_inv[j] = T.float32(max_value) / clamped
-
-    return factors
-
-
 def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     if in_dtype in QUANTIZED_INPUTS:
         assert group == 0, "pre-quantized inputs take the group size at run time (static group 0)"
         return _quantized_input_kernel(in_dtype, fmt)
-    assert in_dtype in _IN_BYTES and fmt in _MAX_VALUE and group in (0, 16, 32, 64, 128)
+    assert in_dtype in _IN_BYTES and fmt in MAX_VALUE and group in (0, 16, 32, 64, 128)
     e5m6 = fmt == "e5m6"
     assert not e5m6 or group == 0, "e5m6 is one group per row"
     # elements per piece: one 16-byte load; e5m6 pieces are 8 elements (the 12-byte code
@@ -273,9 +210,8 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
         tpg, ppt, rounds = _group_layout(in_dtype, group)
     pieces_per_group = None if per_row else group // piece
     slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
-    factors = _factor_macro(fmt)
 
-    hw_fp4 = fmt == "e2m1" and _has_fp4_convert()
+    hw_fp4 = fmt == "e2m1" and has_fp4_convert()
     if fmt == "e4m3":
         out_dtype, out_width = T.float8_e4m3fn, piece
     elif e5m6:
@@ -411,7 +347,7 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                             sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
                         sf_inv[j] = T.float32(1) / given
                 else:
-                    factors(amax, sf_bits, sf_inv, j, round_sf, packed_sf)
+                    scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, j)
 
             # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
             if read_sf == 0:
@@ -453,8 +389,8 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
                                         T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
                             else:
                                 for b in T.unroll(out_width):
-                                    lo = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
-                                    hi = _e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
+                                    lo = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
+                                    hi = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
                                     packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
                                 for b in T.vectorized(out_width):
                                     out[row, piece_of(slot, lane, j, k, lanes_per_row), b] = packed[b]
@@ -478,7 +414,6 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
     assert fmt in ("e4m3", "e2m1")
     reps = QUANT_PIECES[in_dtype]
     in_words, out_words = _QUANT_WORDS[in_dtype], _QUANT_WORDS[fmt]
-    factors = _factor_macro(fmt)
 
     num_tokens = T.dynamic("num_tokens")
     row_pieces = T.dynamic("row_pieces")  # hidden / 16
@@ -562,7 +497,7 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
 
             # ---- factors, and their store: one word per group (fp32) or per 4 groups (UE8M0)
             for r in T.unroll(reps):
-                factors(amax, sf_bits, sf_inv, r, round_sf, packed_sf)
+                scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r)
                 grp = slots[r] // group_pieces
                 lead = slots[r] % group_pieces == 0 and rows[r] < num_tokens
                 if packed_sf != 0:

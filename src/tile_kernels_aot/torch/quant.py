@@ -417,7 +417,7 @@ def _decode_sf(x_sf: torch.Tensor, grid: tuple[int, int], op: str) -> torch.Tens
     _check(tuple(x_sf.shape) == want, op, f"packed UE8M0 scale factors must have shape {want}, got {tuple(x_sf.shape)}")
     words = x_sf.to(torch.int64) & 0xFFFFFFFF
     exponents = torch.stack([(words >> (8 * j)) & 0xFF for j in range(4)], dim=-1)
-    exponents = exponents.reshape(rows, -1)[:, :groups].to(torch.int32)
+    exponents = exponents.reshape(rows, 4 * want[1])[:, :groups].to(torch.int32)  # (rows may be 0)
     return (exponents << 23).view(torch.float32)
 
 
