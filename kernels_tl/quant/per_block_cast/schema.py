@@ -73,6 +73,7 @@ SCHEMA = Schema(
                        _forms(True, False, False)),
             ),
             dims=DIMS,
+            token_dim=None,  # a factor spans block_size[0] rows: rows are not independent
             doc="Quantize x [T, H] (bf16/fp32, contiguous, H % 64 == 0) to e4m3 or packed e2m1 with one scale "
                 "factor per block_size = (bm, bk) tile (each 32 or 128); returns (out, out_sf).",
         ),
@@ -85,6 +86,7 @@ SCHEMA = Schema(
             reference="tile_kernels_aot.torch.quant.per_block_cast_with_sf_only",
             samples=_samples(),
             dims=DIMS,
+            token_dim=None,  # a factor spans block_size[0] rows: rows are not independent
             doc="The out_sf of per_block_cast alone (x is read, nothing else is written).",
         ),
         Op(
@@ -102,6 +104,7 @@ SCHEMA = Schema(
                        [Randn(["T", 576], "float32"), "e2m1", (128, 32), _given(576, (128, 32))]),
             ],
             dims=DIMS,
+            token_dim=None,  # a factor spans block_size[0] rows: rows are not independent
             doc="Quantize x with given row-major float32 factors sf [ceil(T / bm), ceil(H / bk)]: "
                 "out = encode(x * (1 / sf)).",
         ),

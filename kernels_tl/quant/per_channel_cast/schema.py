@@ -25,7 +25,8 @@ def _plain_op(name: str, dtypes: list, out_shape: str, samples: list, doc: str) 
     """per_channel_cast or per_channel_cast_and_transpose: a plain x, T % 128 == 0."""
     return Op(module="quant", name=name, params=[Param("x", Tensor(dtypes, 2)), *_PARAMS],
               outs=[Out("out", dtype="'float8_e4m3fn'", shape=out_shape), _OUT_SF], returns=["out", "out_sf"],
-              reference=f"tile_kernels_aot.torch.quant.{name}", samples=samples, token_multiple=128, doc=doc)
+              reference=f"tile_kernels_aot.torch.quant.{name}", samples=samples, token_multiple=128, doc=doc,
+              token_dim=None)  # a factor spans num_per_tokens rows: rows are not independent
 
 
 def _x(hidden: int, dtype: str = "bfloat16"):
@@ -69,6 +70,7 @@ SCHEMA = Schema(
         Op(
             module="quant",
             name="per_channel_cast_fused",
+            token_dim=None,  # a factor spans num_per_tokens rows: rows are not independent
             params=[
                 Param("x", QuantizedTensor(["float8_e4m3fn"], ["float32"], 2, plain_dtypes=["bfloat16", "float32"])),
                 *_PARAMS,
