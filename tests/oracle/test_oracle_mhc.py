@@ -288,9 +288,11 @@ def test_modeling_mhc_pre(h, with_weight):
     # float32 everywhere, the residual gradient summed from three paths in
     # another order and rounded to bf16
     _assert_bf16_within_one_ulp(leaves[0].grad, want_g[0])
+    # the parameters' gradients flow through the forward's mixes, which round the projection
+    # to TF32 as upstream's kernel does (upstream's reference does not): TF32's tolerance
     for leaf, want_t in zip(leaves[1:], want_g[1:]):
         if leaf is not None:
-            _assert_fp32_sum_close(leaf.grad, want_t)
+            _assert_tf32_close(leaf.grad, want_t)
 
 
 @pytest.mark.parametrize("h", [1280, 7168])
@@ -302,4 +304,5 @@ def test_modeling_mhc_head(h):
     got = mm.mhc_head(res, fn, scale, base)
     mixes = up.mhc_pre_norm_fn_ref(res, torch.cat([fn, fn.new_zeros(M3 - MHC, fn.shape[1])]), None, 1e-6)
     mix = up.mhc_head_compute_mix_ref(mixes[..., :MHC], scale, base, 1e-6)
-    _assert_equal(got, up.mhc_pre_apply_mix_ref(res, mix.unsqueeze(-1)))
+    # the mixes come from the TF32-rounded projection (upstream's kernel rounds it too)
+    _assert_tf32_close(got, up.mhc_pre_apply_mix_ref(res, mix.unsqueeze(-1)))
