@@ -14,6 +14,8 @@ non-contiguous ``out``, or a static configuration (``mhc_mult``) this build lack
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tile_kernels_aot.torch import mhc as _reference
@@ -100,8 +102,7 @@ def _kernel_call(name: str, kernel, reference):
             after(bound, result)
         return result
 
-    call.__name__ = name
-    call.__doc__ = getattr(reference, "__doc__", None)
+    functools.update_wrapper(call, reference)  # the reference's name, doc and signature
     return call
 
 
