@@ -74,7 +74,8 @@ def _tensors(values):
 
 def _first_tensor_arg(args):
     """Index of the first tensor argument or quantized (data, sf) pair."""
-    return next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) or (isinstance(a, tuple) and any(_tensors(a))))
+    return next(i for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) or (isinstance(a, tuple) and next(_tensors(a), None) is not None))
 
 
 @pytest.mark.parametrize("record,sample", _first_samples(per_token_only=True))
