@@ -20,6 +20,9 @@ import statistics
 
 import torch
 
+# the PyTorch references arranged as the package's modules (moe, quant), as the layer calls them
+from tile_kernels_aot.serving_block import references  # noqa: F401  (moe_layer.references())
+
 HIDDEN = 7168
 EXPERTS = 256
 GROUPS = 8
@@ -73,16 +76,6 @@ def routed_layer(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor)
     return {"topk_idx": topk_idx, "topk_weights": topk_weights, "pos_to_expert": pos_to_expert,
             "token_topk_to_pos": token_topk_to_pos, "fused_q": fused_q, "fused_sf": fused_sf,
             "act_q": act_q, "act_sf": act_sf, "out": out}
-
-
-def references():
-    """The PyTorch references arranged as the layer calls them (``moe``, ``quant``)."""
-    from types import SimpleNamespace
-
-    from tile_kernels_aot.torch import moe, quant, swiglu
-
-    return SimpleNamespace(moe=moe, quant=SimpleNamespace(
-        per_token_cast=quant.per_token_cast, swiglu_forward_and_per_token_cast=swiglu.swiglu_forward_and_per_token_cast))
 
 
 def captured(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor):

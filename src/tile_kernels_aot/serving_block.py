@@ -51,7 +51,8 @@ def moe_block(lib, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) ->
 
 
 def references():
-    """The PyTorch references arranged as the block calls them (``moe``, ``quant``, ``transpose``)."""
+    """The PyTorch references arranged as the package's families (``moe``, ``quant``, ``transpose``),
+    as the block and ``tile_kernels_aot.moe_layer`` call them."""
     from types import SimpleNamespace
 
     from tile_kernels_aot.torch import moe, quant, swiglu, transpose
