@@ -696,6 +696,7 @@ namespace {
 
 std::string g_kernel_dir;
 std::atomic<int> g_device_arch[kMaxDevices];  // 0: unknown, else arch index + 1
+std::atomic<int> g_device_sms[kMaxDevices];   // streaming multiprocessors, set before g_device_arch
 cu::CUcontext g_primary[kMaxDevices] = {};
 std::mutex g_device_lock;
 
@@ -735,25 +736,8 @@ bool load_kernel(const char* op, KernelEntry* e) {
 void set_kernel_dir(const char* dir) { g_kernel_dir = dir; }
 
 int device_sm_count(const char* op, int device) {
-  static std::atomic<int> cache[kMaxDevices] = {};  // count + 1; 0: not asked yet
-  if (device < 0 || device >= kMaxDevices) {
-    value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);
-    return -1;
-  }
-  int cached = cache[device].load(std::memory_order_relaxed);
-  if (cached > 0) return cached - 1;
-  const cu::Driver* d = driver_or_error(op);
-  if (d == nullptr) return -1;
-  cu::CUdevice dev = 0;
-  int count = 0;
-  cu::CUresult r = d->cuDeviceGet(&dev, device);
-  if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&count, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-  if (r != cu::CUDA_SUCCESS) {
-    runtime_error(op, "cannot query cuda:%d: %s", device, cu::describe(r).c_str());
-    return -1;
-  }
-  cache[device].store(count + 1, std::memory_order_relaxed);
-  return count;
+  // device_arch validates the ordinal and queries the device once, the SM count with it
+  return device_arch(op, device) < 0 ? -1 : g_device_sms[device].load(std::memory_order_relaxed);
 }
 
 int device_arch(const char* op, int device) {
@@ -761,16 +745,17 @@ int device_arch(const char* op, int device) {
     value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);
     return -1;
   }
-  int cached = g_device_arch[device].load(std::memory_order_relaxed);
+  int cached = g_device_arch[device].load(std::memory_order_acquire);
   if (cached > 0) return cached - 1;
   const cu::Driver* d = driver_or_error(op);
   if (d == nullptr) return -1;
   std::lock_guard<std::mutex> guard(g_device_lock);
   cu::CUdevice dev = 0;
-  int major = 0, minor = 0;
+  int major = 0, minor = 0, sms = 0;
   cu::CUresult r = d->cuDeviceGet(&dev, device);
   if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&major, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&minor, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  if (r == cu::CUDA_SUCCESS) r = d->cuDeviceGetAttribute(&sms, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
   if (r == cu::CUDA_SUCCESS && g_primary[device] == nullptr) r = d->cuDevicePrimaryCtxRetain(&g_primary[device], dev);
   if (r != cu::CUDA_SUCCESS) {
     runtime_error(op, "cannot query cuda:%d: %s", device, cu::describe(r).c_str());
@@ -788,7 +773,8 @@ int device_arch(const char* op, int device) {
                   built.c_str());
     return -1;
   }
-  g_device_arch[device].store(arch + 1, std::memory_order_relaxed);
+  g_device_sms[device].store(sms, std::memory_order_relaxed);  // before the arch: a reader of it sees the count
+  g_device_arch[device].store(arch + 1, std::memory_order_release);
   return arch;
 }
 

@@ -157,7 +157,8 @@ struct KernelEntry {
 };
 // The arch index (into kArchs) of a CUDA device, or -1 with an error set.
 int device_arch(const char* op, int device);
-// The streaming-multiprocessor count of a CUDA device (cached), or -1 with an error set.
+// The streaming-multiprocessor count of a CUDA device (queried with its arch, once), or -1 with
+// an error set.
 int device_sm_count(const char* op, int device);
 union ParamSlot;
 // torch's current stream of `device` (nullptr, the legacy default stream, before any
