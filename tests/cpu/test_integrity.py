@@ -54,3 +54,10 @@ def test_verify_names_a_tampered_and_a_missing_cubin(tmp_path):
 def test_runtime_sha256_matches_hashlib(size):
     data = bytes((i * 131 + size) % 256 for i in range(size))
     assert _C._sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+def test_test_files_have_unique_basenames():
+    """The test folders are not packages: pytest imports each file by its basename, so a name
+    used twice stops the collection of `python -m pytest tests`."""
+    names = [p.name for p in (Path(__file__).resolve().parents[1]).glob("*/test_*.py")]
+    assert sorted(set(names)) == sorted(names), sorted(n for n in set(names) if names.count(n) > 1)
