@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     bench = sub.add_parser("bench", help="time every op at a prefill and a decode shape on the current GPU")
     bench.add_argument("--json", help="write the results as JSON to this file")
     bench.add_argument("--ops", help="comma-separated ops to run (default: all)")
+    bench.add_argument("--samples", help="comma-separated sample-name prefixes to run, e.g. decode,upstream "
+                                         "(default: every sample)")
     bench.add_argument("--block", action="store_true",
                        help="instead, time the MoE block of tile_kernels_aot.serving_block per call: eager, "
                             "torch.compile (default and reduce-overhead), the references compiled, TileKernels")
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
         return 0
     from tile_kernels_aot import bench as bench_module
 
-    return bench_module.run(args.json, args.ops.split(",") if args.ops else None)
+    return bench_module.run(args.json, args.ops.split(",") if args.ops else None,
+                            args.samples.split(",") if args.samples else None)
 
 
 if __name__ == "__main__":
