@@ -232,13 +232,17 @@ def bench_op(record, sample, copy_tbs):
     n = sample["tokens"]
     gen = torch.Generator(device="cuda").manual_seed(n)
     args, kwargs = samples.make_args(sample, n, gen)
-    first = samples.outputs_by_name(record, fn(*args, **kwargs))
+
+    def produced(result):  # outputs by name, less the optional ones this call does not produce
+        return {k: v for k, v in samples.outputs_by_name(record, result).items() if v is not None}
+
+    first = produced(fn(*args, **kwargs))
     flat = [t for v in list(args) + list(kwargs.values()) for t in (v if isinstance(v, tuple) else (v,))]
     per_call = sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))  # (data, sf) pairs included
     per_call += sum(t.untyped_storage().nbytes() for t in first.values())
     sets = max(2, min(64, math.ceil(3 * L2_BYTES / max(per_call, 1))))
     inputs = [samples.make_args(sample, n, gen) for _ in range(sets)]
-    out_sets = [samples.outputs_by_name(record, fn(*a, **k)) for a, k in inputs]
+    out_sets = [produced(fn(*a, **k)) for a, k in inputs]
     calls = [lambda a=a, k=k, o=o: fn(*a, **k, **o) for (a, k), o in zip(inputs, out_sets)]
     device_us = _graph_time_us(calls)
     bytes_moved = samples.bytes_moved(record, args, kwargs, first)
@@ -275,6 +279,29 @@ def bench_op(record, sample, copy_tbs):
     return row, calls, (args, inputs, kwargs)
 
 
+def upstream_function(op: str):
+    """TileKernels' function for our op ``module.name``: at the same path under ``tile_kernels``,
+    or, for a family whose package exports no functions (mHC), in a module of
+    ``tile_kernels.modeling.<family>.ops`` or of ``tile_kernels.<family>`` that defines it."""
+    import importlib
+    import pkgutil
+
+    module, name = op.split(".")
+    family = importlib.import_module(f"tile_kernels.{module}")
+    if callable(getattr(family, name, None)):
+        return getattr(family, name)
+    for package in (f"tile_kernels.modeling.{module}.ops", f"tile_kernels.{module}"):
+        try:
+            path = importlib.import_module(package).__path__
+        except ImportError:
+            continue
+        for info in pkgutil.iter_modules(path):
+            candidate = getattr(importlib.import_module(f"{package}.{info.name}"), name, None)
+            if callable(candidate):
+                return candidate
+    raise AttributeError(f"TileKernels has no function for {op}")
+
+
 def _compile_tilekernels(job):
     """One TileKernels call on a sample's inputs, in a worker process: its first call JIT-compiles
     the kernel and stores it in TileLang's on-disk kernel cache, where the bench's own first call
@@ -283,7 +310,7 @@ def _compile_tilekernels(job):
     try:
         gen = torch.Generator(device="cuda").manual_seed(sample["tokens"])
         args, kwargs = samples.make_args(sample, sample["tokens"], gen)
-        samples.resolve(f"tile_kernels.{op}")(*args, **kwargs)
+        upstream_function(op)(*args, **kwargs)
         torch.cuda.synchronize()
     except Exception:
         pass
@@ -306,8 +333,8 @@ def precompile_tilekernels(jobs, workers=None):
 def bench_tilekernels(row, args, inputs, kwargs):
     """TileKernels' JIT kernel for the same op and inputs, measured as ours (it allocates
     its outputs on every call: it has no out=)."""
-    upstream = samples.resolve(f"tile_kernels.{row['op']}")
     try:
+        upstream = upstream_function(row["op"])
         upstream(*args, **kwargs)  # the first call compiles
         up_calls = [lambda a=a, k=k: upstream(*a, **k) for a, k in inputs]
         row["tilekernels_eager_us"] = min(_rounds_us({"eager": (_direct_call(upstream, args, kwargs), None)},
@@ -349,11 +376,11 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
         print(f"bench: {record['module']}.{record['name']} [{sample['name']}]", file=sys.stderr, flush=True)
         try:
             row, calls, data = bench_op(record, sample, copy_tbs)
-        except ValueError as e:  # a build from another shape table may lack a sample's config
-            if "no prebuilt kernel" not in str(e):
-                raise
+        except Exception as e:  # a build from another shape table may lack a sample's config
+            reason = (str(e).split(". Prebuilt:")[0] if "no prebuilt kernel" in str(e)
+                      else f"failed: {type(e).__name__}: {e}"[:300])
             skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
-                            "num_tokens": sample["tokens"], "reason": str(e).split(". Prebuilt:")[0]})
+                            "num_tokens": sample["tokens"], "reason": reason})
             continue
         rows.append(row)
         later.append((row, calls, data))
