@@ -302,6 +302,19 @@ def upstream_function(op: str):
     raise AttributeError(f"TileKernels has no function for {op}")
 
 
+def upstream_args(op: str, args, kwargs, tokens: int):
+    """The arguments of TileKernels' function for ``op``: ours, except that upstream's mHC ops
+    take a leading sequence dimension (``(num_seqs, num_tokens, ...)``), which ours flatten, so
+    each token-leading tensor gets a leading dimension of 1 there."""
+    if not op.startswith("mhc."):
+        return args, kwargs
+
+    def seq(v):
+        return v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == tokens else v
+
+    return [seq(v) for v in args], {k: seq(v) for k, v in kwargs.items()}
+
+
 def _compile_tilekernels(job):
     """One TileKernels call on a sample's inputs, in a worker process: its first call JIT-compiles
     the kernel and stores it in TileLang's on-disk kernel cache, where the bench's own first call
@@ -310,6 +323,7 @@ def _compile_tilekernels(job):
     try:
         gen = torch.Generator(device="cuda").manual_seed(sample["tokens"])
         args, kwargs = samples.make_args(sample, sample["tokens"], gen)
+        args, kwargs = upstream_args(op, args, kwargs, sample["tokens"])
         upstream_function(op)(*args, **kwargs)
         torch.cuda.synchronize()
     except Exception:
@@ -335,6 +349,8 @@ def bench_tilekernels(row, args, inputs, kwargs):
     its outputs on every call: it has no out=)."""
     try:
         upstream = upstream_function(row["op"])
+        args, kwargs = upstream_args(row["op"], args, kwargs, row["num_tokens"])
+        inputs = [upstream_args(row["op"], a, k, row["num_tokens"]) for a, k in inputs]
         upstream(*args, **kwargs)  # the first call compiles
         up_calls = [lambda a=a, k=k: upstream(*a, **k) for a, k in inputs]
         row["tilekernels_eager_us"] = min(_rounds_us({"eager": (_direct_call(upstream, args, kwargs), None)},

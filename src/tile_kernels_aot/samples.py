@@ -148,6 +148,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
             return int(eval(v["expr"], {"__builtins__": {}}, {"T": tokens, "P": routed.get("rows")}))
         if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):
             return tuple(value(e) for e in v)  # a (data, sf) pair
+        if isinstance(v, list) and all(isinstance(e, int) for e in v):
+            return tuple(v)  # an int tuple (block sizes): the manifest's JSON stores it as a list
         return _tensor(v, tokens, gen, device, empty, routed) if _is_tensor_spec(v) else v
 
     return [value(v) for v in sample["args"]], {k: value(v) for k, v in sample["kwargs"].items()}
