@@ -5,7 +5,8 @@
 # It installs the wheel as a user would (no TileLang there), runs the GPU tests with the PTX
 # JIT disabled, compute-sanitizer (memcheck, racecheck, synccheck) over every op's samples,
 # and the bench; everything lands in $OUT (gpu-tests.log, gpu-summary.txt, memcheck.log, racecheck.log,
-# synccheck.log, bench.json, bench.md, block.md: the compiled MoE block; layer.md: the routed MoE layer in one CUDA graph).
+# synccheck.log, bench.json, bench.md, block.md: the compiled MoE block; layer.md: the routed MoE layer in one CUDA graph;
+# modeling.md: the Engram gate's training step and one layer's mHC path).
 # TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels
 # beside ours: a folder, or the .tar.xz that wheels/tilekernels_site.sh makes (unpacked here
 # first); the tests never see it.
@@ -59,6 +60,10 @@ if [[ ${TKA_SKIP_BENCH:-0} != 1 ]]; then
   if [[ ${TKA_SKIP_LAYER_BENCH:-0} != 1 ]]; then
     PYTHONPATH=$site${TKA_BENCH_SITE:+:$TKA_BENCH_SITE} \
       python3 -m tile_kernels_aot bench --layer 2>&1 | tee "$OUT/layer.md"
+  fi
+  if [[ ${TKA_SKIP_MODELING_BENCH:-0} != 1 ]]; then
+    PYTHONPATH=$site${TKA_BENCH_SITE:+:$TKA_BENCH_SITE} \
+      python3 -m tile_kernels_aot bench --modeling 2>&1 | tee "$OUT/modeling.md"
   fi
 fi
 exit $status

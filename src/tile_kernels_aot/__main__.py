@@ -77,22 +77,26 @@ def main(argv=None) -> int:
     bench.add_argument("--layer", action="store_true",
                        help="instead, time the routed MoE layer of tile_kernels_aot.moe_layer, one CUDA graph "
                             "per layer, beside TileKernels' ops")
+    bench.add_argument("--modeling", action="store_true",
+                       help="instead, time the modeling paths of tile_kernels_aot.modeling_paths (the Engram "
+                            "gate's training step, one layer's mHC path) beside TileKernels' modeling functions")
     args = parser.parse_args(argv)
     if args.command == "info":
         return verify() if args.verify else info()
-    if args.block or args.layer:
+    if args.block or args.layer or args.modeling:
         import importlib
         import json
 
         from tile_kernels_aot.bench import variant_table
 
-        module = importlib.import_module("tile_kernels_aot." + ("serving_block" if args.block else "moe_layer"))
+        name = "serving_block" if args.block else "moe_layer" if args.layer else "modeling_paths"
+        module = importlib.import_module(f"tile_kernels_aot.{name}")
         rows = module.bench()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-        print(variant_table(rows, "block variant" if args.block else "MoE layer variant",
-                            "us per call" if args.block else "us per layer"))
+        subject = {"serving_block": "block variant", "moe_layer": "MoE layer variant", "modeling_paths": "path"}[name]
+        print(variant_table(rows, subject, "us per call" if args.block else "us per layer" if args.layer else "us"))
         return 0
     from tile_kernels_aot import bench as bench_module
 

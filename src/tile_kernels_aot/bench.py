@@ -133,6 +133,31 @@ def _direct_call(fn, args, kwargs):
     return env["make"](fn, *args, *kwargs.values())
 
 
+def capture_graph(fn):
+    """One CUDA graph of ``fn()`` (warmed up once on a side stream, as capture requires)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
+def graph_replay_us(graph, iters: int) -> float:
+    """Device time per replay: CUDA events around ``iters`` back-to-back replays."""
+    graph.replay()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1000 / iters
+
+
 def variant_table(rows: list, subject: str, unit: str) -> str:
     """A markdown table of ``{variant, num_tokens, us}`` rows (or ``error`` in place of ``us``)."""
     lines = [f"| {subject} | tokens | {unit} |", "| --- | ---: | ---: |"]

@@ -20,6 +20,7 @@ import statistics
 
 import torch
 
+from tile_kernels_aot.bench import capture_graph, graph_replay_us
 # the PyTorch references arranged as the package's modules (moe, quant), as the layer calls them
 from tile_kernels_aot.serving_block import references  # noqa: F401  (moe_layer.references())
 
@@ -80,7 +81,7 @@ def routed_layer(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor)
 
 def captured(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor):
     """``(graph, outputs)``: the layer over ``lib`` captured in one CUDA graph on static ``x``."""
-    return _capture(lambda: routed_layer(lib, x, w_gate, bias))
+    return capture_graph(lambda: routed_layer(lib, x, w_gate, bias))
 
 
 def _shared_work(outputs: dict, x: torch.Tensor, w_gate: torch.Tensor):
@@ -88,31 +89,6 @@ def _shared_work(outputs: dict, x: torch.Tensor, w_gate: torch.Tensor):
     x.float() @ w_gate
     _dequantize(outputs["fused_q"], outputs["fused_sf"])
     _dequantize(outputs["act_q"], outputs["act_sf"])
-
-
-def _capture(fn):
-    """One CUDA graph of ``fn()`` (warmed up once on a side stream, as capture requires)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
-
-
-def _replay_us(graph, iters: int) -> float:
-    """Device time per replay: CUDA events around ``iters`` back-to-back replays."""
-    graph.replay()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1000 / iters
 
 
 def bench(token_counts=(128, 8192), rounds: int = 5, iters: int = 50) -> list:
@@ -133,12 +109,12 @@ def bench(token_counts=(128, 8192), rounds: int = 5, iters: int = 50) -> list:
     for num_tokens in token_counts:
         x = tokens(num_tokens)
         graphs = {name: (lambda lib=lib: captured(lib, x, w_gate, bias)[0]) for name, lib in libs.items()}
-        graphs["shared torch work alone (in every row)"] = lambda: _capture(
+        graphs["shared torch work alone (in every row)"] = lambda: capture_graph(
             functools.partial(_shared_work, routed_layer(tile_kernels_aot, x, w_gate, bias), x, w_gate))[0]
         for name, make_graph in graphs.items():
             try:
                 graph = make_graph()
-                times = [_replay_us(graph, iters) for _ in range(rounds)]
+                times = [graph_replay_us(graph, iters) for _ in range(rounds)]
                 rows.append({"variant": name, "num_tokens": num_tokens, "us": statistics.median(times)})
             except Exception as e:  # report it, keep the rest of the run
                 rows.append({"variant": name, "num_tokens": num_tokens, "error": f"{type(e).__name__}: {e}"[:300]})

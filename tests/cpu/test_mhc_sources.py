@@ -30,9 +30,29 @@ def test_sources_report_the_kernel_when_built(name):
 def test_sources_cover_every_reference_name():
     sources = _impl.sources()
     assert set(sources) == set(ref.__all__)
-    assert set(sources.values()) <= {"kernel", "reference"}
+    assert set(sources.values()) <= {"kernel", "kernel steps", "reference"}
     built = _built()
     assert {n for n, s in sources.items() if s == "kernel"} == built & set(ref.__all__)
+
+
+def test_a_composition_runs_its_steps_on_the_kernels():
+    """``mhc_pre_big_fuse`` has no kernel of its own: its reference's steps (norm-fn, split,
+    Sinkhorn, apply) resolve to the built kernels, and on CPU tensors (which the kernels do not
+    take) the composition still gives the reference's values."""
+    steps = {"mhc_pre_norm_fn", "mhc_pre_split_mixes", "sinkhorn_normalize", "mhc_pre_apply_mix"}
+    if "mhc_pre_big_fuse" in _built() or not steps <= _built():
+        pytest.skip("this build has a fused mhc_pre_big_fuse kernel, or lacks one of its steps")
+    assert _impl.sources()["mhc_pre_big_fuse"] == "kernel steps"
+    composed = _impl.impl.mhc_pre_big_fuse
+    assert composed.__globals__["mhc_pre_norm_fn"] is _impl.impl.mhc_pre_norm_fn
+    gen = torch.Generator().manual_seed(7)
+    m, h = 4, 64
+    res = torch.randn(3, m, h, generator=gen).bfloat16()
+    fn = torch.randn(m * (m + 2), m * h, generator=gen)
+    scale, base = torch.rand(3, generator=gen), torch.randn(m * (m + 2), generator=gen)
+    got = composed(res, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 10)
+    want = ref.mhc_pre_big_fuse(res, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 10)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 def test_calls_the_kernels_do_not_take_run_the_reference():

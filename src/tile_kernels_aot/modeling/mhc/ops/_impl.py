@@ -15,6 +15,7 @@ non-contiguous ``out``, or a static configuration (``mhc_mult``) this build lack
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -106,14 +107,42 @@ def _kernel_call(name: str, kernel, reference):
     return call
 
 
+def _kernel_steps(reference) -> list:
+    """The built kernels' names among the reference functions ``reference`` calls: a reference
+    that composes others (``mhc_pre_big_fuse``: norm-fn, split, Sinkhorn, apply;
+    ``mhc_multilayer_recompute``: apply and post per layer) can run them as kernels."""
+    kernels = _kernels()
+    if kernels is None:
+        return []
+    return [n for n in reference.__code__.co_names
+            if n in _reference.__all__ and n != reference.__name__ and hasattr(kernels, n)]
+
+
+def _over_kernels(reference, steps: list):
+    """``reference`` with the steps it calls resolved through :data:`impl` (kernel, or reference
+    for a call the kernel does not take): the same code, hence the same values, one launch per
+    step instead of one fused kernel."""
+    scope = dict(reference.__globals__)
+    scope.update({n: getattr(impl, n) for n in steps})
+    fn = types.FunctionType(reference.__code__, scope, reference.__name__, reference.__defaults__,
+                            reference.__closure__)
+    fn.__kwdefaults__ = reference.__kwdefaults__
+    return functools.update_wrapper(fn, reference)
+
+
 class _Impl:
-    """Attribute access to the kernel of a name when built, else its reference."""
+    """Attribute access to the kernel of a name when built, else its reference (whose steps run
+    as kernels where it composes built ones)."""
 
     def __getattr__(self, name):
         kernels = _kernels()
         reference = getattr(_reference, name)
         kernel = getattr(kernels, name, None) if kernels is not None else None
-        fn = _kernel_call(name, kernel, reference) if kernel is not None else reference
+        if kernel is not None:
+            fn = _kernel_call(name, kernel, reference)
+        else:
+            steps = _kernel_steps(reference)
+            fn = _over_kernels(reference, steps) if steps else reference
         setattr(self, name, fn)
         return fn
 
@@ -122,10 +151,16 @@ impl = _Impl()
 
 
 def sources() -> dict:
-    """``{name: 'kernel' | 'reference'}`` for every computation the mHC ops use."""
+    """``{name: 'kernel' | 'kernel steps' | 'reference'}`` for every computation the mHC ops use
+    ('kernel steps': the reference's composition, its steps on their kernels)."""
     kernels = _kernels()
-    return {name: "kernel" if kernels is not None and hasattr(kernels, name) else "reference"
-            for name in _reference.__all__}
+
+    def source(name):
+        if kernels is not None and hasattr(kernels, name):
+            return "kernel"
+        return "kernel steps" if _kernel_steps(getattr(_reference, name)) else "reference"
+
+    return {name: source(name) for name in _reference.__all__}
 
 
 def written(ctx, result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
