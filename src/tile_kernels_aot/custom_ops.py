@@ -48,7 +48,9 @@ _BINDINGS = {}  # '<module>.<name>' -> its binding()
 # ---- expressions of the schema's output declarations ------------------------------------
 
 def ceil_div(a, b):
-    return -(-a // b)
+    # sizes are never negative: a floor division of positive terms, which symbolic sizes
+    # (SymInt) simplify exactly, also nested (align_up of a ceil_div)
+    return (a + b - 1) // b
 
 
 def align_up(a, b):

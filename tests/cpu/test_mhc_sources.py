@@ -102,3 +102,17 @@ def test_op_tolerance_is_data_and_checked_as_declared():
         checks.assert_matches(record, "y", torch.tensor([1000.0, 1.0, 0.0, float("inf")]), want)  # NaN moved
     with pytest.raises(AssertionError):  # no tolerance for "z": bit for bit
         checks.assert_matches(record, "z", want + torch.tensor([0.5, 0, 0, 0]), want)
+
+
+def test_only_token_leading_tensors_are_flattened():
+    """A kernel call flattens the caller's leading dims of the per-token tensors only: the mix
+    scale and bias (no token dim) are handed over as they are, so a call with leading dims
+    (n0, n1) reaches the kernel instead of falling back to the reference."""
+    if "mhc_pre_split_mixes" not in _built():
+        pytest.skip("this build has no mhc.mhc_pre_split_mixes")
+    from tile_kernels_aot import manifest
+
+    record = manifest.op("mhc.mhc_pre_split_mixes")
+    assert _impl._token_params(record) == {"input_mixes"}
+    if "mhc_pre_apply_mix_bwd" in _built():  # an optional per-token input (absent from some samples)
+        assert "x_grad" in _impl._token_params(manifest.op("mhc.mhc_pre_apply_mix_bwd"))

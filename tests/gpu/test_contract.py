@@ -153,6 +153,15 @@ def test_freed_outputs_reused_on_their_stream_only(name, call, per_token, gen):
         assert_bits_equal(b, a, f"{name} side stream, reused memory")
 
 
+# the largest allocation of a call's outputs the runtime keeps for reuse (csrc/runtime.cc)
+KEPT_BLOB_BYTES = 2 << 20
+
+
+def _blob_bytes(outputs) -> int:
+    """The bytes of the one allocation a call's fresh outputs share (each 16-byte aligned)."""
+    return sum((t.untyped_storage().nbytes() + 15) // 16 * 16 for t in outputs)
+
+
 @pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
 def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
     """A capture takes no freed eager memory, and outputs freed inside a capture (the graph
@@ -171,7 +180,13 @@ def test_graph_memory_not_shared_with_eager_calls(name, call, per_token, gen):
         with torch.cuda.graph(graph, stream=stream):
             _outputs(fn(*args, **kwargs))  # an intermediate, freed inside the capture
             captured = _outputs(fn(*args, **kwargs))
-        assert not _pointers(captured) & freed, f"{name}: the capture took freed eager memory"
+        # Only memory the package keeps for reuse (blobs up to KEPT_BLOB_BYTES) is its
+        # own to keep from a capture; larger outputs go back to torch at once, and entering
+        # torch.cuda.graph empties torch's cache, so the driver may hand the capture the same
+        # addresses afresh: not shared memory (the eager outputs alive across the replay below
+        # are what must stay intact).
+        if _blob_bytes(captured) <= KEPT_BLOB_BYTES:
+            assert not _pointers(captured) & freed, f"{name}: the capture took freed eager memory"
         eager = [_outputs(fn(*other, **other_kw)) for _ in range(3)]
     _assert_replay_writes(graph, captured, expected, name)
     for outputs in eager:

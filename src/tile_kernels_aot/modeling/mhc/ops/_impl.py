@@ -42,6 +42,25 @@ def _flat(t: torch.Tensor, lead: tuple, rest: int, dtypes, is_out: bool = False)
     return t.reshape(-1, *t.shape[t.dim() - rest:]) if not is_out else t.view(-1, *t.shape[t.dim() - rest:])
 
 
+def _token_params(record: dict) -> set:
+    """The tensor parameters with a leading token dim (in the op's samples, a shape that starts
+    with ``T``); the others (mix scales, biases, projections) are passed as they are."""
+    names = [p["name"] for p in record["params"]]
+    found = set()
+    for sample in record["samples"]:
+        given = {**dict(zip(names, sample["args"])), **sample["kwargs"]}
+        found |= {name for name, spec in given.items()
+                  if isinstance(spec, dict) and (spec.get("shape") or [None])[0] == "T"}
+    return found
+
+
+def _as_is(t: torch.Tensor, dtypes) -> torch.Tensor:
+    """A parameter without the token dim: the kernel takes it on the GPU, in its dtypes."""
+    if not t.is_cuda or str(t.dtype).rsplit(".", 1)[-1] not in dtypes:
+        raise _Unsupported
+    return t
+
+
 def _attach_residual_grad(bound: dict, result) -> None:
     """``mhc_post_bwd(..., fuse_grad_acc=True)``: hang ``d_residual`` on the residual's storage,
     as the reference (and upstream) do."""
@@ -59,6 +78,7 @@ def _kernel_call(name: str, kernel, reference):
     record = manifest.op(f"mhc.{name}")
     names = [p["name"] for p in record["params"]] + [o["name"] for o in record["outs"] if o.get("positional")]
     tensors = {p["name"]: p["type"] for p in record["params"] if p["type"]["kind"] == "tensor"}
+    per_token = _token_params(record)
     outs = {o["name"] for o in record["outs"]}
     first = next(iter(tensors))
     first_rest = tensors[first]["ndim"] - 1
@@ -74,8 +94,12 @@ def _kernel_call(name: str, kernel, reference):
             lead = tuple(head.shape[:head.dim() - first_rest])
             flat = dict(bound)
             for pname, spec in tensors.items():
-                if bound.get(pname) is not None:
+                if bound.get(pname) is None:
+                    continue
+                if pname in per_token or pname == first:
                     flat[pname] = _flat(bound[pname], lead, spec["ndim"] - 1, spec["dtypes"])
+                else:
+                    flat[pname] = _as_is(bound[pname], spec["dtypes"])
             given = {}
             for oname in outs:
                 if bound.get(oname) is not None:
