@@ -18,7 +18,8 @@ every load instruction reads contiguous words.
 
 * ``lanes_per_row`` threads per row (one 32-bit division per thread, over the flat thread
   index); a thread owns up to ``ATOMS`` atoms ``lane + k * lanes_per_row`` of its row, all
-  loads (codes and factors) issued before the first use.  The host picks ``lanes_per_row``
+  loads (codes and factors) issued before the first use; factors are kept as the raw words
+  read and decoded (packed byte select) only afterwards, so no load waits for another.  The host picks ``lanes_per_row``
   (fewer atoms per thread for small token counts, so that small calls still fill the GPU).
 * Block sizes are run-time: ``row >> bm_shift`` and ``col >> bk_shift`` select the factor
   (powers of two; a block at least as wide or as tall as the tensor uses shift 31, i.e. index
@@ -108,13 +109,21 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
     def atom_of(lane, k, lanes_per_row):
         return lane + k * lanes_per_row
 
-    def factor_of(sf, sf_row, col, bk_shift, sf_col_stride, packed_sf):
-        """The factor of channel ``col`` (int32) of the row whose factors start at ``sf_row``."""
+    def factor_word(sf, sf_row, col, bk_shift, sf_col_stride, packed_sf):
+        """The raw 32-bit word holding the factor of channel ``col`` (int32) of the row whose
+        factors start at ``sf_row``: fp32 bits, or the packed word with its exponent byte."""
         block = col >> bk_shift
         column = T.if_then_else(packed_sf != 0, block >> 2, block)
-        word = sf[sf_row + T.Cast("int64", column) * T.Cast("int64", sf_col_stride)]
-        byte = (word >> T.Cast("uint32", (block & 3) * 8)) & _u32(0xFF)
+        return sf[sf_row + T.Cast("int64", column) * T.Cast("int64", sf_col_stride)]
+
+    def factor_value(word, col, bk_shift, packed_sf):
+        """The factor of channel ``col`` from its word (``factor_word``)."""
+        byte = (word >> T.Cast("uint32", ((col >> bk_shift) & 3) * 8)) & _u32(0xFF)
         return T.reinterpret(T.if_then_else(packed_sf != 0, byte << _u32(23), word), T.float32)
+
+    def factor_of(sf, sf_row, col, bk_shift, sf_col_stride, packed_sf):
+        return factor_value(factor_word(sf, sf_row, col, bk_shift, sf_col_stride, packed_sf), col, bk_shift,
+                            packed_sf)
 
     @T.prim_func
     def cast_back(
@@ -137,7 +146,9 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
 
             codes = T.alloc_local((ATOMS, words), T.uint32)
-            factor = T.alloc_local((ATOMS,), T.float32)
+            # raw factor words, decoded only after every load is issued: a decode inside the
+            # load loop would wait for each word's load before issuing the next atom's loads
+            factor_bits = T.alloc_local((ATOMS,), T.uint32)
             q = T.alloc_local((ATOM,), T.float32)
             vals = T.alloc_local((ATOM,), out_dtype)
 
@@ -160,8 +171,8 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
                         for w in T.unroll(words):
                             codes[k, w] = x[row, atom_of(lane, k, lanes_per_row), w]
                     if coarse:
-                        factor[k] = factor_of(sf, sf_row, atom_of(lane, k, lanes_per_row) * ATOM, bk_shift,
-                                              sf_col_stride, packed_sf)
+                        factor_bits[k] = factor_word(sf, sf_row, atom_of(lane, k, lanes_per_row) * ATOM, bk_shift,
+                                                     sf_col_stride, packed_sf)
 
             # ---- decode, scale, round, store
             for k in T.unroll(ATOMS):
@@ -176,8 +187,10 @@ def cast_back_kernel(in_fmt: str, out_dtype: str):
                             half = T.reinterpret(T.Cast("uint16", bits), T.float16)
                             q[u] = T.Cast(T.float32, half)
                     if coarse:
+                        factor = factor_value(factor_bits[k], atom_of(lane, k, lanes_per_row) * ATOM, bk_shift,
+                                              packed_sf)
                         for u in T.unroll(ATOM):
-                            vals[u] = T.Cast(out_dtype, q[u] * factor[k])
+                            vals[u] = T.Cast(out_dtype, q[u] * factor)
                     else:
                         for u in T.unroll(ATOM):
                             # per-channel blocks: a factor per element
