@@ -21,24 +21,30 @@ Design
 ``ceil(T / P)`` tokens in order, so that each column's weight-gradient sum is one chain in a
 register of the thread that owns the column.  512 threads: warps ``4c .. 4c+3`` own stream
 ``c``; lane ``l`` of the stream owns the 16-byte pieces ``j * 128 + l`` (``j < H / 1024``) of
-the row, ``8 * H / 1024`` accumulators.  Per token:
+the stream's rows, ``8 * H / 1024`` weight-gradient accumulators.  A token's g, x and k rows
+and its v row (``26 * H`` bytes: 182 KB at H 7168) sit in shared memory, filled by ``cp.async``
+(each thread copies its own pieces of g, x and k, and a share of v).  Per token:
 
-1. g and v pieces (16-byte loads, all in flight together) -> ``dl`` partial sums in the
-   reference's order; g is stashed in shared memory for ``grad_v``;
-2. warp butterfly, then the four warp sums of the stream through shared memory,
-   ``(w0 + w1) + (w2 + w3)``; ``r`` per stream;
-3. ``grad_v`` from the stash (every thread a share of the pieces, the 4 streams in order);
-4. x, k and w pieces (w: 4 * 4 * H bytes, L1/L2-resident), ``grad_x``, ``grad_k`` (16-byte
-   stores), the weight-gradient terms; meanwhile the next token's g and v pieces are
-   prefetched into L2 (``prefetch.global.L2``), so that step 1 of the next token reads L2.
+1. wait for the token's copies, barrier;
+2. ``dl`` partial sums (own g pieces, v) in the reference's order, and the thread's share of
+   ``grad_v`` (the four streams' g of its pieces, in stream order); warp butterfly, warp sums
+   to shared memory, barrier, the stream's sum ``(w0 + w1) + (w2 + w3)``, ``r``;
+3. per piece: x, k, g from shared memory and w (4 * 4 * H bytes, L2-resident) from global,
+   ``grad_x``, ``grad_k`` (16-byte stores), the weight-gradient terms; the piece's slots of g,
+   x and k are then free, and the thread copies the next token's pieces into them (after the
+   loop also its share of the next v row): the whole next token is in flight during step 3
+   and until the next token's step 1.
 
-Tokens, P and strides are run-time values; ``hc_mult`` (4) and ``H`` are static.  Element
-offsets are 64-bit.
+Every shared slot of g, x and k is read back by the thread that filled it, except g in
+``grad_v`` and v in step 2, which the barrier of step 1 makes visible and the barrier of step
+2 retires before any thread copies over them.  Tokens, P and strides are run-time values;
+``hc_mult`` (4) and ``H`` are static.  Element offsets are 64-bit.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.engram import cp_async
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
@@ -46,13 +52,13 @@ LANES = 128  # threads per stream (the reference's BWD_LANES)
 HC = 4
 THREADS = HC * LANES
 SPAN = LANES * PIECE
-PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
-
-DEVICE_SOURCE = r"""
-__device__ __forceinline__ void tka_prefetch_l2_if(const void* p, int cond) {
-  asm volatile("{ .reg .pred q; setp.ne.s32 q, %1, 0; @q prefetch.global.L2 [%0]; }" :: "l"(p), "r"(cond));
-}
-"""
+SMEM_LIMIT = 227 * 1024  # shared memory one block may have (sm_90, sm_100)
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
+                # shared memory is written by cp.async (unseen by TileLang): the barriers are
+                # placed by hand (see the docstring)
+                "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True,
+                # every access is in bounds (tokens < num_tokens, pieces < H / 8): no guards
+                "tl.disable_safe_memory_legalize": True}
 
 
 def _f32(value):
@@ -64,7 +70,8 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
     assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
     steps = hidden // SPAN
     pieces = hidden // PIECE
-    share = -(-pieces // THREADS)  # grad_v pieces per thread
+    share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
+    assert 2 * (3 * HC + 1) * hidden + 4 * (THREADS // WARP) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
     num_tokens = T.dynamic("num_tokens", "int64")
     num_blocks = T.dynamic("num_blocks", "int64")  # P
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
@@ -91,7 +98,7 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
     ):
         with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(cp_async.DEVICE_SOURCE)
             T.assume(k_stride_t % PIECE == 0)
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
@@ -101,7 +108,10 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             lane = tid % LANES
             warp = tid // WARP
 
-            g_stash = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+            g_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+            x_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+            k_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+            v_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
             warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
             gv = T.alloc_local((PIECE,), T.bfloat16)
             vv = T.alloc_local((PIECE,), T.bfloat16)
@@ -112,8 +122,15 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             ok = T.alloc_local((PIECE,), T.bfloat16)
             acc_w = T.alloc_local((steps, PIECE), T.float32)
             gates = T.alloc_local((HC,), T.float32)
+            gq = T.alloc_local((HC, PIECE), T.bfloat16)
             dl = T.alloc_var(T.float32)
             r = T.alloc_var(T.float32)
+            d_c = T.alloc_var(T.float32)
+            gate_c = T.alloc_var(T.float32)
+            rx = T.alloc_var(T.float32)
+            rk = T.alloc_var(T.float32)
+            dot_x = T.alloc_var(T.float32)
+            dot_k = T.alloc_var(T.float32)
             gsum = T.alloc_var(T.float32)
 
             per_block = T.ceildiv(num_tokens, num_blocks)
@@ -124,30 +141,58 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                 for i in T.unroll(PIECE):
                     acc_w[j, i] = T.float32(0)
 
-            for t in T.serial(t_start, t_end):
-                T.sync_threads()  # the previous token's stash and warp sums are read
-                # ---- 1. dL/dgate partial sums; g stashed
-                dl = T.float32(0)
+            # ---- the chunk's first token in flight
+            if t_start < t_end:
                 for j in T.unroll(steps):
-                    for i in T.vectorized(PIECE):
-                        gv[i] = grad_out[t, c, j * LANES + lane, i]
-                    for i in T.vectorized(PIECE):
-                        vv[i] = v[t, j * LANES + lane, i]
-                    for i in T.vectorized(PIECE):
-                        g_stash[c, j * LANES + lane, i] = gv[i]
-                    for i in T.unroll(PIECE):
-                        dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
-                # ---- 2. the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
-                for s in T.unroll(5):
-                    dl = dl + T.shfl_xor(dl, 16 >> s)
-                if tid % WARP == 0:
-                    warp_sums[warp] = dl
-                T.sync_threads()
-                dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
+                    p = j * LANES + lane
+                    T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t_start, c, p, 0]))
+                    T.evaluate(cp_async.copy16(x_s[c, p, 0], hidden_states[t_start, c, p, 0]))
+                    T.evaluate(cp_async.copy16(k_s[c, p, 0], k[t_start, c, p, 0]))
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t_start, m * THREADS + tid, 0]))
+            cp_async.commit()
+
+            for t in T.serial(t_start, t_end):
+                # the token's saved values (their latency overlaps the wait)
                 d_c = dot[t, c]
                 gate_c = gate_score[t, c]
                 rx = rstd_x[t, c]
                 rk = rstd_k[t, c]
+                for h in T.unroll(HC):
+                    gates[h] = gate_score[t, h]
+                # ---- 1. the token's rows have landed (each thread its copies; the barrier: all)
+                cp_async.wait(0)
+                T.sync_threads()
+                # ---- 2. dL/dgate partial sums; grad_v = sum over streams of g * gate, in stream order
+                dl = T.float32(0)
+                for j in T.unroll(steps):
+                    for i in T.vectorized(PIECE):
+                        gv[i] = g_s[c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        vv[i] = v_s[j * LANES + lane, i]
+                    for i in T.unroll(PIECE):
+                        dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        for h in T.unroll(HC):
+                            for i in T.vectorized(PIECE):
+                                gq[h, i] = g_s[h, m * THREADS + tid, i]
+                        for i in T.unroll(PIECE):
+                            gsum = T.ieee_mul(_f32(gq[0, i]), gates[0])
+                            for h in T.unroll(1, HC):
+                                gsum = gsum + T.ieee_mul(_f32(gq[h, i]), gates[h])
+                            ox[i] = T.cast(gsum, T.bfloat16)
+                        for i in T.vectorized(PIECE):
+                            grad_v[t, m * THREADS + tid, i] = ox[i]
+                # the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
+                for s in T.unroll(5):
+                    dl = dl + T.shfl_xor(dl, 16 >> s)
+                if tid % WARP == 0:
+                    warp_sums[warp] = dl
+                # every read of v and of other threads' g for this token is done past this barrier
+                T.sync_threads()
+                dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
                 abs_dot = T.abs(d_c)
                 below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
                 slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
@@ -155,35 +200,21 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                     dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
                 dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
                 dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
-                # ---- 3. grad_v = sum over streams of g * gate, in stream order
-                for h in T.unroll(HC):
-                    gates[h] = gate_score[t, h]
-                for m in T.unroll(share):
-                    if m * THREADS + tid < pieces:
-                        for i in T.unroll(PIECE):
-                            gsum = T.ieee_mul(_f32(g_stash[0, m * THREADS + tid, i]), gates[0])
-                            for h in T.unroll(1, HC):
-                                gsum = gsum + T.ieee_mul(_f32(g_stash[h, m * THREADS + tid, i]), gates[h])
-                            ox[i] = T.cast(gsum, T.bfloat16)
-                        for i in T.vectorized(PIECE):
-                            grad_v[t, m * THREADS + tid, i] = ox[i]
-                # ---- 4. grad_x, grad_k, weight-gradient terms; the next token's g, v to L2
+                # ---- 3. grad_x, grad_k, weight-gradient terms; each freed slot takes the next token's piece
                 for j in T.unroll(steps):
-                    T.evaluate(T.call_extern("void", "tka_prefetch_l2_if",
-                                             T.address_of(grad_out[T.min(t + 1, num_tokens - 1), c, j * LANES + lane, 0]),
-                                             T.Cast("int32", t + 1 < t_end)))
-                    if c == 0:
-                        T.evaluate(T.call_extern("void", "tka_prefetch_l2_if",
-                                                 T.address_of(v[T.min(t + 1, num_tokens - 1), j * LANES + lane, 0]),
-                                                 T.Cast("int32", t + 1 < t_end)))
+                    p = j * LANES + lane
                     for i in T.vectorized(PIECE):
-                        xv[i] = hidden_states[t, c, j * LANES + lane, i]
+                        wv[i] = weight_fused[c, p, i]
                     for i in T.vectorized(PIECE):
-                        kv[i] = k[t, c, j * LANES + lane, i]
+                        xv[i] = x_s[c, p, i]
                     for i in T.vectorized(PIECE):
-                        wv[i] = weight_fused[c, j * LANES + lane, i]
+                        kv[i] = k_s[c, p, i]
                     for i in T.vectorized(PIECE):
-                        gv[i] = g_stash[c, j * LANES + lane, i]
+                        gv[i] = g_s[c, p, i]
+                    if t + 1 < t_end:
+                        T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t + 1, c, p, 0]))
+                        T.evaluate(cp_async.copy16(x_s[c, p, 0], hidden_states[t + 1, c, p, 0]))
+                        T.evaluate(cp_async.copy16(k_s[c, p, 0], k[t + 1, c, p, 0]))
                     for i in T.unroll(PIECE):
                         xf = _f32(xv[i])
                         kf = _f32(kv[i])
@@ -193,9 +224,14 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                                        T.bfloat16)
                         acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
                     for i in T.vectorized(PIECE):
-                        grad_x[t, c, j * LANES + lane, i] = ox[i]
+                        grad_x[t, c, p, i] = ox[i]
                     for i in T.vectorized(PIECE):
-                        grad_k[t, c, j * LANES + lane, i] = ok[i]
+                        grad_k[t, c, p, i] = ok[i]
+                if t + 1 < t_end:
+                    for m in T.unroll(share):
+                        if m * THREADS + tid < pieces:
+                            T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
+                cp_async.commit()
 
             # ---- the chunk's weight-gradient sums (zeros for an empty chunk)
             for j in T.unroll(steps):
