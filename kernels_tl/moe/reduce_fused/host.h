@@ -7,6 +7,7 @@ namespace tka::moe_reduce_fused::reduce_fused {
 
 struct Plan {
   int64_t num_rows, hidden, num_tokens, num_topk;
+  int64_t sms;  // the device's SMs (132 for a tensor off CUDA)
   bool e4m3;
 };
 
@@ -32,6 +33,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   }
   TKA_CHECK(p.e4m3 || !a.sf.present, "sf", "is only supported with fp8 output (fp8_format='e4m3')");
   TKA_CHECK(!a.sf.present || a.sf.shape[0] >= 1, "sf", "must hold the output scale (shape [1]), got an empty tensor");
+  p.sms = a.x.device >= 0 ? device_sm_count(op, a.x.device) : 132;
+  if (p.sms < 0) return false;  // the device query failed (error set)
   c.in_dtype = a.x.dtype;
   c.out_dtype = p.e4m3 ? E4M3 : a.x.dtype;
   return true;
@@ -45,7 +48,11 @@ inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 
 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   const int64_t lanes = p.hidden / c.elements_per_lane;
-  TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 256, "token_topk_to_pos", "has too many rows for one launch");
+  // a grid of at most one wave (every block resident at once); each thread walks its items
+  // (token, lane) with a stride of the grid's threads
+  const int64_t items = p.num_tokens * lanes;
+  const int64_t blocks = std::min<int64_t>((items + c.threads - 1) / c.threads, p.sms * c.blocks_per_sm);
+  TKA_CHECK(items + blocks * c.threads <= 2147483647, "token_topk_to_pos", "has too many rows for one launch");
   TKA_CHECK(aligned(o.out.data, 16), "out", "must start 16-byte aligned");
   k.x = a.x.data;
   k.x_sf = a.x_sf.present ? a.x_sf.data : nullptr;
@@ -58,6 +65,7 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.num_topk = p.num_topk;
   k.row_pieces = p.hidden / (16 / (kDTypes[a.x.dtype].bits / 8));
   k.lanes_per_row = lanes;
+  k.num_blocks = blocks;
   k.with_weights = a.topk_weights.present;
   k.with_x_sf = a.x_sf.present;
   k.with_sf = a.sf.present;
