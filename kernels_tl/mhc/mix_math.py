@@ -11,22 +11,12 @@ block's warps; then over the cluster's blocks through distributed shared memory)
 from tilelang import language as T
 from tilelang.cuda.language import cluster_sync
 
+from kernels_tl.cluster_load import CLUSTER_LOAD_SOURCE  # noqa: F401  (the mix kernels import it from here)
+
 CLUSTER = 8  # blocks per cluster (the largest portable size)
 THREADS = 256
 WARPS = THREADS // 32
 LANES = CLUSTER * THREADS  # tile_kernels_aot.torch.mhc.TOKEN_SUM_LANES
-
-# Reads a float at the same shared-memory offset in another block of the cluster.
-CLUSTER_LOAD_SOURCE = r"""
-__device__ __forceinline__ float tka_mhc_remote_f32(const float* local, int rank) {
-  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  float value;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(remote) : "memory");
-  return value;
-}
-"""
 
 
 def sigmoid(z):
@@ -49,7 +39,7 @@ def _warp_partials_tree(red, count, c):
 
 def _cluster_tree(xch, c):
     """``xch[c]`` of the cluster's blocks, pairwise in rank order (distributed shared memory)."""
-    return pair_tree([T.call_extern(T.float32, "tka_mhc_remote_f32", T.address_of(xch[c]), r)
+    return pair_tree([T.call_extern(T.float32, "tka_cluster_load_f32", T.address_of(xch[c]), r)
                       for r in range(CLUSTER)])
 
 

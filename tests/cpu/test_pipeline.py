@@ -140,19 +140,25 @@ def test_cluster_shape_reaches_the_launch(lowered, tmp_path):
         assert f"{lowered.dyn_smem}, {{{', '.join(map(str, cluster))}}}}};" in text
 
 
-def test_installed_cluster_kernel_records_its_cluster():
-    """moe.get_fused_mapping is one cluster of 8 blocks (its kernel.py: CLUSTER): the installed
-    manifest says so for every arch, so the launch sets the cluster shape."""
+@pytest.mark.parametrize("kernel, folder", [("moe.get_fused_mapping", "kernels_tl.moe.get_fused_mapping.kernel"),
+                                            ("moe.group_count", "kernels_tl.moe.group_count.kernel")])
+def test_installed_cluster_kernel_records_its_cluster(kernel, folder):
+    """A one-cluster kernel (its kernel.py: CLUSTER blocks, one cluster): the installed manifest
+    says so for every arch, so the launch sets the cluster shape (and, past 8 blocks, allows the
+    non-portable size first)."""
+    import importlib
+
     manifest = pytest.importorskip("tile_kernels_aot.manifest")
     try:
         kernels = manifest.load()["kernels"]
     except FileNotFoundError:
         pytest.skip("no installed bundle")
-    configs = kernels.get("moe.get_fused_mapping", {}).get("configs", [])
+    configs = kernels.get(kernel, {}).get("configs", [])
     if not configs:
-        pytest.skip("moe.get_fused_mapping is not in this build")
+        pytest.skip(f"{kernel} is not in this build")
+    cluster = importlib.import_module(folder).CLUSTER
     for build in configs[0]["builds"].values():
-        assert build["cluster"] == [8, 1, 1] and build["grid"] == ["8", "1", "1"]
+        assert build["cluster"] == [cluster, 1, 1] and build["grid"] == [str(cluster), "1", "1"]
 
 
 def test_readme_operator_table_is_current():

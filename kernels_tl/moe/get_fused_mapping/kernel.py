@@ -22,54 +22,47 @@ flat entries are split into ``CLUSTER * WARPS`` contiguous warp ranges (block-ma
 order of (block, warp, position in range) is the flat order), each a multiple of 32 long.
 
 1. Count: each warp walks its range ``STEP`` entries at a time (``UNROLL`` coalesced 8-byte
-   loads per lane in flight), adds every routed entry to its own row of the shared
-   histogram ``hist[warp][expert]`` and keeps the first ``CACHE`` expert ids of its range
-   in shared memory (int16) for step 3.
+   loads per lane in flight) and adds every routed entry to its own row of the shared
+   histogram ``hist[warp][expert]``; the expert ids of its first step stay in registers
+   for step 3 (the whole range up to ``STEP`` entries per warp: 262144 entries in all).
 2. Offsets: thread ``e`` owns expert ``e`` (so ``num_experts <= THREADS``): it turns
    column ``e`` of the histogram into exclusive prefix sums over the block's warps and
    publishes the block's count; after a cluster barrier it reads the counts of every block
    of the cluster (``ld.shared::cluster``), giving ``c[e]`` and the count in earlier blocks;
-   a block-wide scan of ``a`` gives ``start``.  Each warp's row of the histogram then holds
-   the row of its next pair of each expert.
-3. Place: each warp walks its range again in the same order (from the shared cache, past
-   it from global memory); within 32 entries, ``__match_any_sync`` gives each lane the
-   number of earlier lanes with its expert, so rows follow flat order exactly and the
-   result is deterministic (no atomics decide a row).
+   a block-wide scan of ``a`` gives ``start``, and ``base[e]`` = ``start[e]`` + the count
+   in earlier blocks is this block's first row of expert ``e``.
+3. Place: each warp walks its range again in the same order (from registers, past the
+   first step from global memory); within 32 entries, ``__match_any_sync`` gives each lane
+   the number of earlier lanes with its expert, and the warp's histogram row counts the
+   earlier entries of its range, so rows follow flat order exactly and the result is
+   deterministic (no atomics decide a row).
 4. Padding: the rows ``[start + c, start + a)`` of each expert (a warp per expert) and the
    tail ``[sum(a), num_rows)`` (the whole cluster) are set to -1.
 
 Every output element has exactly one writer.  All counts and rows are int32: the host
 refuses layouts of 2^31 - 2^16 rows or more.  Nothing is static: one cubin per arch serves
-every token count, top-k, alignment and expert count up to ``THREADS``.
+every token count, top-k, alignment and expert count up to ``THREADS``.  ``CLUSTER`` is 16,
+above the portable 8: the runtime allows the non-portable size on the kernel before
+launching it (csrc/runtime.cc).
 """
 
 from tilelang import language as T
 from tilelang.cuda.language import block_rank_in_cluster, cluster_arrive, cluster_sync, cluster_wait
 
+from kernels_tl.cluster_load import CLUSTER_LOAD_SOURCE
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
-CLUSTER = 8  # blocks per cluster: the largest portable cluster size
+CLUSTER = 16  # blocks per cluster: 16 SMs share the reads and writes (non-portable size)
 THREADS = 1024
 WARPS = THREADS // 32
 MAX_EXPERTS = THREADS  # thread e owns expert e in step 2
-UNROLL = 8  # loads in flight per lane
+UNROLL = 16  # loads in flight per lane: 128 KiB per block
 STEP = 32 * UNROLL  # entries a warp takes per step
-CACHE = 4 * STEP  # expert ids each warp keeps in shared memory (int16): 64 KiB per block
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
+# Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
+# so TileLang's extra guards are left out.
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
-                "tl.disable_thread_storage_sync": True}
-
-# Reads a 32-bit word at the same shared-memory offset in another block of the cluster.
-DEVICE_SOURCE = r"""
-__device__ __forceinline__ int tka_cluster_load_s32(const int* local, int rank) {
-  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  int value;
-  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(value) : "r"(remote) : "memory");
-  return value;
-}
-"""
+                "tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
 
 
 def host_constants():
@@ -86,6 +79,52 @@ def get_fused_mapping_kernel():
         routed = T.if_then_else(value < T.Cast("int64", num_experts), T.Cast("int32", value), -1)
         return T.if_then_else(value >= T.int64(0), routed, -1)
 
+    @T.macro
+    def load_step(topk_idx, values, begin, end, lane, s):
+        """``values`` <- the entries of step ``s`` of a warp's range ``[begin, end)`` (-1 past
+        its end)."""
+        for u in T.unroll(UNROLL):  # all loads in flight before the first use
+            values[u] = T.int64(-1)
+            if begin + s * STEP + u * 32 + lane < end:
+                values[u] = topk_idx[begin + s * STEP + u * 32 + lane]
+
+    @T.macro
+    def place_step(outs, hist, base_of, experts, token, begin, end, warp, lane, lanes_below, num_topk, s):
+        """Place the entries of step ``s`` of a warp's range, their expert ids in ``experts``;
+        ``hist``'s row of the warp counts the range's earlier entries of each expert.
+        ``token`` = [i // num_topk, i % num_topk, 32 // num_topk, 32 % num_topk] for this
+        lane's next entry ``i``, advanced by 32 entries per group (no division per entry)."""
+        pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos = outs
+        for u in T.unroll(UNROLL):
+            expert = experts[u]
+            same = T.match_any_sync(expert)
+            below = T.Cast("int32", T.popcount(same & lanes_below))
+            row = T.alloc_var(T.int32)
+            row = 0
+            if expert >= 0:
+                row = hist[warp * MAX_EXPERTS + expert]
+            T.sync_warp()
+            if expert >= 0 and below == 0:
+                hist[warp * MAX_EXPERTS + expert] = row + T.Cast("int32", T.popcount(same))
+            T.sync_warp()
+            i = begin + s * STEP + u * 32 + lane
+            if i < end:
+                if expert >= 0:
+                    row = row + below + base_of[expert]
+                if expert >= 0 and row < num_rows:
+                    pos_to_expert[row] = expert
+                    pos_to_token[row] = token[0]
+                    pos_to_token_topk[row] = i
+                    token_topk_to_pos[i] = row
+                else:
+                    token_topk_to_pos[i] = -1
+            # the next group: i + 32
+            token[0] = token[0] + token[2]
+            token[1] = token[1] + token[3]
+            if token[1] >= num_topk:
+                token[1] = token[1] - num_topk
+                token[0] = token[0] + 1
+
     @T.prim_func
     def get_fused_mapping(
         topk_idx: T.Tensor[(num_elements,), T.int64],
@@ -100,31 +139,37 @@ def get_fused_mapping_kernel():
         alignment: T.int32,
     ):
         with T.Kernel(CLUSTER, threads=THREADS, cluster_dims=CLUSTER):
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(CLUSTER_LOAD_SOURCE)
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             warp = tid // 32
             lane = tid % 32
-            rank = block_rank_in_cluster()
 
             hist = T.alloc_shared((WARPS * MAX_EXPERTS,), T.int32)  # [warp][expert]
-            cache = T.alloc_shared((WARPS * CACHE,), T.int16)  # [warp][position in range]
             # [0, MAX_EXPERTS): this block's count per expert, read by the other blocks until they
             # pass their cluster_arrive; then WARPS words of the scan's per-warp totals.  One buffer,
             # so that the compiler's shared-memory reuse never places the totals over the counts.
             exchange = T.alloc_shared((MAX_EXPERTS + WARPS,), T.int32)
+            base_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start[e] + count in earlier blocks
             count_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # c[e]
             start_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start[e]
             aligned_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # a[e]
 
             values = T.alloc_local((UNROLL,), T.int64)
+            kept = T.alloc_local((UNROLL,), T.int32)  # expert ids of the first step (steps 1 and 3)
             experts = T.alloc_local((UNROLL,), T.int32)
+            parts = T.alloc_local((CLUSTER,), T.int32)
+            token = T.alloc_local((4,), T.int32)  # step 3's token of the next entry (place_step)
+            rank = T.alloc_var(T.int32)
+            begin = T.alloc_var(T.int32)
+            end = T.alloc_var(T.int32)
             expert = T.alloc_var(T.int32)
             acc = T.alloc_var(T.int32)
             cnt = T.alloc_var(T.int32)
             before = T.alloc_var(T.int32)
             scan = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
+            rank = block_rank_in_cluster()
 
             # this warp's row of the histogram, zeroed (only the warp itself touches it in step 1)
             for j in T.serial(T.ceildiv(num_experts, 32)):
@@ -139,16 +184,20 @@ def get_fused_mapping_kernel():
             end = T.Cast("int32", T.min((gwarp + 1) * warp_range, T.Cast("int64", num_elements)))
             steps = T.ceildiv(end - begin, STEP)
 
-            # 1. count
-            for s in T.serial(steps):
+            # 1. count; the first step's ids stay in `kept`
+            for u in T.unroll(UNROLL):
+                kept[u] = -1
+            if steps > 0:
+                load_step(topk_idx, values, begin, end, lane, 0)
                 for u in T.unroll(UNROLL):
-                    values[u] = T.int64(-1)
-                    if begin + s * STEP + u * 32 + lane < end:
-                        values[u] = topk_idx[begin + s * STEP + u * 32 + lane]
+                    kept[u] = expert_of(values[u])
+                for u in T.unroll(UNROLL):
+                    if kept[u] >= 0:
+                        T.atomic_add(hist[warp * MAX_EXPERTS + kept[u]], 1)
+            for s in T.serial(1, steps):
+                load_step(topk_idx, values, begin, end, lane, s)
                 for u in T.unroll(UNROLL):
                     expert = expert_of(values[u])
-                    if s * STEP + u * 32 < CACHE:
-                        cache[warp * CACHE + s * STEP + u * 32 + lane] = T.Cast("int16", expert)
                     if expert >= 0:
                         T.atomic_add(hist[warp * MAX_EXPERTS + expert], 1)
             T.sync_threads()
@@ -165,11 +214,12 @@ def get_fused_mapping_kernel():
             cnt = 0
             before = 0
             if tid < num_experts:
+                for r in T.unroll(CLUSTER):  # all remote reads in flight, then the sums
+                    parts[r] = T.call_extern(T.int32, "tka_cluster_load_s32", T.address_of(exchange[tid]), r)
                 for r in T.unroll(CLUSTER):
-                    acc = T.call_extern(T.int32, "tka_cluster_load_s32", T.address_of(exchange[tid]), r)
-                    cnt = cnt + acc
+                    cnt = cnt + parts[r]
                     if r < rank:
-                        before = before + acc
+                        before = before + parts[r]
             cluster_arrive()  # done reading the other blocks' shared memory (they wait before exiting)
             acc = 0
             if tid < num_experts:
@@ -199,48 +249,28 @@ def get_fused_mapping_kernel():
                 start_of[tid] = scan
                 count_of[tid] = cnt
                 aligned_of[tid] = acc
+                base_of[tid] = scan + before
                 if rank == 0:
                     expert_start[tid] = scan
                     expert_end[tid] = scan + acc
                     num_tokens_per_expert[tid] = acc
-                for w in T.serial(WARPS):
-                    hist[w * MAX_EXPERTS + tid] = hist[w * MAX_EXPERTS + tid] + scan + before
             T.sync_threads()
 
             # 3. place, in flat order within each expert
             lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
-            for s in T.serial(steps):
-                if s * STEP < CACHE:
-                    for u in T.unroll(UNROLL):
-                        experts[u] = T.Cast("int32", cache[warp * CACHE + s * STEP + u * 32 + lane])
-                else:
-                    for u in T.unroll(UNROLL):
-                        values[u] = T.int64(-1)
-                        if begin + s * STEP + u * 32 + lane < end:
-                            values[u] = topk_idx[begin + s * STEP + u * 32 + lane]
-                    for u in T.unroll(UNROLL):
-                        experts[u] = expert_of(values[u])
+            token[0] = T.truncdiv(begin + lane, num_topk)
+            token[1] = T.truncmod(begin + lane, num_topk)
+            token[2] = T.truncdiv(32, num_topk)
+            token[3] = T.truncmod(32, num_topk)
+            if steps > 0:
                 for u in T.unroll(UNROLL):
-                    expert = experts[u]
-                    same = T.match_any_sync(expert)
-                    below = T.Cast("int32", T.popcount(same & lanes_below))
-                    row = 0
-                    if expert >= 0:
-                        row = hist[warp * MAX_EXPERTS + expert]
-                    T.sync_warp()
-                    if expert >= 0 and below == 0:
-                        hist[warp * MAX_EXPERTS + expert] = row + T.Cast("int32", T.popcount(same))
-                    T.sync_warp()
-                    i = begin + s * STEP + u * 32 + lane
-                    if i < end:
-                        row = row + below
-                        if expert >= 0 and row < num_rows:
-                            pos_to_expert[row] = expert
-                            pos_to_token[row] = T.truncdiv(i, num_topk)
-                            pos_to_token_topk[row] = i
-                            token_topk_to_pos[i] = row
-                        else:
-                            token_topk_to_pos[i] = -1
+                    experts[u] = kept[u]
+                place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts, token, begin, end, warp, lane, lanes_below, num_topk, 0)
+            for s in T.serial(1, steps):
+                load_step(topk_idx, values, begin, end, lane, s)
+                for u in T.unroll(UNROLL):
+                    experts[u] = expert_of(values[u])
+                place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts, token, begin, end, warp, lane, lanes_below, num_topk, s)
 
             # 4. padding rows: [start + c, start + a) of each expert, a warp per expert
             for j in T.serial(T.ceildiv(num_experts, CLUSTER * WARPS)):

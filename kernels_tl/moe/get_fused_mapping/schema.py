@@ -46,6 +46,7 @@ SAMPLES = [
     _routed("384 experts, top-9, alignment 32", 4096, 9, 384, 32, unrouted=0.1),
     _routed("padding rows past the layout", 3000, 6, 72, 128, "P + 5000"),
     _routed("force_no_sync", 2000, 4, 32, 128, kwargs={"force_no_sync": True}),
+    _routed("two steps per warp (past 262144 entries)", 40000, 8, 64, 16, unrouted=0.1),
     _drawn("1024 experts (the most), repeats and -1", 3000, 6, 1024, 16, -1, "T * 6 + 1024 * 15"),
     _drawn("negative entries, 36 experts, top-7", 3000, 7, 36, 16, -4, "T * 7 + 36 * 15"),
     _drawn("force_no_sync, nothing routed, 8 experts", 500, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),

@@ -5,7 +5,7 @@
 
 namespace tka::moe_group_count {
 
-// The kernel keeps one bin per thread of its single block (kernel.py: THREADS); kernel_args
+// Thread t of each block of the kernel owns bin t (kernel.py: THREADS); kernel_args
 // checks this against the kernel's own constant.
 constexpr int64_t kMaxGroups = 1024;
 

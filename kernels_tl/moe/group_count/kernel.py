@@ -12,35 +12,58 @@ entries.  Entry ``v`` counts for bin ``v`` when ``0 <= v < num_groups``; every o
 
 Design
 ------
-One block of ``THREADS`` (1024) threads, so the result is a complete count with no partial
-sums to combine across blocks (the runtime hands the kernel uninitialised outputs and there
-is no zeroed workspace) and no float atomics: deterministic by construction.  Thread ``t``
-owns bin ``t`` (hence ``num_groups <= 1024``): it zeroes the shared histogram word ``t``,
-and at the end writes output ``t``.  The block walks the entries in tiles of
-``THREADS * UNROLL``: each thread issues ``UNROLL`` coalesced 8-byte loads (a warp reads 256
-contiguous bytes per load), then one shared-memory ``atomicAdd`` per counted entry.  Element
-indices are 64-bit.  Every ``CHUNK_TILES`` tiles (2^31 entries) the shared counts are folded
-into each owner's 64-bit register total and cleared, so no 32-bit counter can wrap: counts
-stay exact past 2^32 entries (aux_fi needs the full count).  ``num_groups``, ``num_topk``
-and the token count are run-time values: one cubin per arch serves both ops and every
-expert count from 1 to 1024.
+One launch of one thread-block cluster of ``CLUSTER`` blocks of ``THREADS`` threads.  The
+blocks combine their counts through distributed shared memory behind cluster barriers, so
+there is no global workspace, no zeroed memory and no global atomics; integer counts do
+not depend on the order of the adds, so the result is exact and deterministic.
+
+* Thread ``t`` of each block owns shared bin ``t`` (hence ``num_groups <= THREADS``).
+* Split: more than one tile (``THREADS * UNROLL`` entries) of input: block ``r`` takes the
+  ``r``-th of ``CLUSTER`` contiguous ranges of ``per`` entries (a multiple of ``THREADS``,
+  so every warp load is 256 contiguous bytes); at most one tile (decode sizes): block 0
+  takes everything and the others do nothing (no cluster barrier, no exchange).
+* Count: a block walks its range in tiles; each thread issues ``UNROLL`` coalesced 8-byte
+  loads, then one shared ``atomicAdd`` per counted entry.  Element indices are 64-bit.
+  Every ``CHUNK_TILES`` tiles (2^31 entries) the shared counts are folded into each owner's
+  64-bit register total and cleared, so no 32-bit counter can wrap.
+* Combine (split case): each block stores its 64-bit totals in shared memory, the cluster
+  barrier publishes them, and bin ``b`` is summed by thread ``b // CLUSTER`` of block
+  ``b % CLUSTER`` (``CLUSTER`` remote 8-byte loads), which writes output ``b``; a second
+  cluster barrier (arrive after the reads, wait before exit) keeps every block's shared
+  memory alive until all reads are done.  Single-block case: thread ``t`` of block 0 writes
+  output ``t`` from its own total.
+* Every output word has exactly one writer.  ``num_groups``, ``num_topk`` and the token
+  count are run-time values: one cubin per arch serves both ops and every expert count
+  from 1 to 1024.
+
+``CLUSTER`` is 16, above the portable 8: the runtime allows the non-portable size on the
+kernel before launching it (csrc/runtime.cc).
 """
 
 from tilelang import language as T
+from tilelang.cuda.language import block_rank_in_cluster, cluster_arrive, cluster_sync, cluster_wait
 
+from kernels_tl.cluster_load import CLUSTER_LOAD_SOURCE
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
+# Blocks per cluster: 16 SMs share the read (the most an H100/H200/B200 cluster may have).
+CLUSTER = 16
 # One bin per thread: the most bins (experts) a call may have.
 THREADS = 1024
-# Loads each thread has in flight per tile: 1024 x 16 x 8 bytes = 128 KiB per tile (52 registers
-# on sm_90a, no spills, under the 64-register cap of a 1024-thread block).
+# Loads each thread has in flight per tile: 1024 x 16 x 8 bytes = 128 KiB per block; a
+# block's range at upstream's benchmark sizes (<= 15.4k entries) is one tile.
 UNROLL = 16
 TILE = THREADS * UNROLL
 # Tiles between folds of the shared counts into the 64-bit totals: 2^31 entries, so a bin's
 # int32 shared counter stays below 2^31.
 CHUNK_TILES = 2**31 // TILE
+# Bins each block sums in the combine step (thread j of block r: bin j * CLUSTER + r).
+BINS_PER_BLOCK = THREADS // CLUSTER
 MODE_COUNT, MODE_FI, MODE_ZERO = 0, 1, 2
-PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
+# Every access is guarded by the kernel's own bounds (loads below `end`, bins below `num_groups`),
+# so TileLang's extra guards are left out.
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
+                "tl.disable_safe_memory_legalize": True}
 
 
 def host_constants():
@@ -51,6 +74,16 @@ def group_count_kernel():
     num_elements = T.dynamic("num_elements", "int64")
     num_groups = T.dynamic("num_groups")
 
+    @T.macro
+    def write_bin(counts, fi, mode, denominator, b, count):
+        """Output ``b`` from the complete 64-bit count of bin ``b``."""
+        if mode == MODE_COUNT:
+            counts[b] = T.Cast("int32", count)
+        elif mode == MODE_FI:
+            fi[b] = T.Cast("float32", count * T.Cast("int64", num_groups)) / denominator
+        else:
+            fi[b] = T.float32(0)
+
     @T.prim_func
     def group_count(
         group_idx: T.Tensor[(num_elements,), T.int64],
@@ -59,22 +92,38 @@ def group_count_kernel():
         mode: T.int32,
         denominator: T.float32,
     ):
-        with T.Kernel(1, threads=THREADS):
+        with T.Kernel(CLUSTER, threads=THREADS, cluster_dims=CLUSTER):
+            T.import_source(CLUSTER_LOAD_SOURCE)
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             hist = T.alloc_shared((THREADS,), T.int32)
+            totals = T.alloc_shared((THREADS,), T.int64)
             values = T.alloc_local((UNROLL,), T.int64)
+            parts = T.alloc_local((CLUSTER,), T.int64)
+            rank = T.alloc_var(T.int32)
             total = T.alloc_var(T.int64)
+            per = T.alloc_var(T.int64)
+            begin = T.alloc_var(T.int64)
+            end = T.alloc_var(T.int64)
+            rank = block_rank_in_cluster()
             total = T.int64(0)
             hist[tid] = 0
+            # this block's range [begin, end): split over the cluster when there is more than
+            # one tile, else all of it in block 0 (the test is uniform over the cluster)
+            split = num_elements > T.int64(TILE)
+            per = num_elements
+            if split:
+                per = T.ceildiv(T.ceildiv(num_elements, T.int64(CLUSTER)), T.int64(THREADS)) * T.int64(THREADS)
+            begin = T.min(T.Cast("int64", rank) * per, num_elements)
+            end = T.min(begin + per, num_elements)
             T.sync_threads()
-            num_tiles = T.ceildiv(num_elements, T.int64(TILE))
+            num_tiles = T.ceildiv(end - begin, T.int64(TILE))
             for chunk in T.serial(T.ceildiv(num_tiles, T.int64(CHUNK_TILES))):
                 for tile in T.serial(T.min(T.int64(CHUNK_TILES), num_tiles - chunk * T.int64(CHUNK_TILES))):
-                    base = (chunk * T.int64(CHUNK_TILES) + tile) * T.int64(TILE) + T.Cast("int64", tid)
+                    base = begin + (chunk * T.int64(CHUNK_TILES) + tile) * T.int64(TILE) + T.Cast("int64", tid)
                     for u in T.unroll(UNROLL):  # all loads in flight before the first add
                         values[u] = T.int64(-1)
-                        if base + T.int64(u * THREADS) < num_elements:
+                        if base + T.int64(u * THREADS) < end:
                             values[u] = group_idx[base + T.int64(u * THREADS)]
                     for u in T.unroll(UNROLL):
                         if values[u] >= T.int64(0):
@@ -85,12 +134,20 @@ def group_count_kernel():
                 total = total + T.Cast("int64", hist[tid])
                 hist[tid] = 0
                 T.sync_threads()
-            if tid < num_groups:
-                if mode == MODE_COUNT:
-                    counts[tid] = T.Cast("int32", total)
-                elif mode == MODE_FI:
-                    fi[tid] = T.Cast("float32", total * T.Cast("int64", num_groups)) / denominator
-                else:
-                    fi[tid] = T.float32(0)
+            if split:
+                totals[tid] = total
+                cluster_sync()  # every block's totals are written and visible cluster-wide
+                bin_ = tid * CLUSTER + rank
+                if tid < BINS_PER_BLOCK and bin_ < num_groups:
+                    for r in T.unroll(CLUSTER):  # all remote reads in flight, then the sum
+                        parts[r] = T.call_extern(T.int64, "tka_cluster_load_s64", T.address_of(totals[bin_]), r)
+                    total = parts[0]
+                    for r in T.unroll(1, CLUSTER):
+                        total = total + parts[r]
+                    write_bin(counts, fi, mode, denominator, bin_, total)
+                cluster_arrive()  # done reading the other blocks' shared memory
+                cluster_wait()  # no block exits while another may still read its totals
+            elif rank == 0 and tid < num_groups:
+                write_bin(counts, fi, mode, denominator, tid, total)
 
     return group_count

@@ -14,7 +14,8 @@ def _idx(num_experts: int, num_topk: int = 8) -> Randint:
 # decode, prefill, then upstream's benchmark: 4001 tokens per rank routed top-8 over 256 (or 72)
 # experts on 8 EP ranks, the rows with an expert of this rank kept (about 21184 x 8 over 32
 # local experts; 64 ranks: about 30711 x 8 over 4), then the extremes of the bin count
-# (1 and 1024 = one bin per thread), an odd top-k and a partial last tile.
+# (1 and 1024 = one bin per thread), an odd top-k and a partial last tile, and a count whose
+# blocks each take more than one tile.
 _SHAPES = [
     ("decode", 128, 256, 8),
     ("prefill", 8192, 256, 8),
@@ -23,6 +24,7 @@ _SHAPES = [
     ("upstream: 72 experts / 8 EP ranks, top-6", 18088, 9, 6),
     ("1024 experts", 3000, 1024, 8),
     ("1 expert, top-9", 1000, 1, 9),
+    ("two tiles per block of the cluster (past 262144 entries)", 40000, 64, 8),
 ]
 
 SCHEMA = Schema(
