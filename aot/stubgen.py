@@ -42,8 +42,20 @@ def folder_namespace(kernel: str) -> str:
     return "tka::" + ident(kernel)
 
 
+def _default_text(p) -> str:
+    """A parameter's default as Python shows it (a dtype parameter's name as ``torch.<name>``)."""
+    return f"torch.{p.default}" if p.type.kind == "dtype" else repr(p.default)
+
+
+def has_text_signature(op: Op) -> bool:
+    """Whether CPython can read the op's signature from a C function's docstring: only
+    literal defaults (a torch.dtype is not one; such an op's public function is a wrapper
+    that carries the signature)."""
+    return not any(p.type.kind == "dtype" and p.default != REQUIRED for p in op.params)
+
+
 def text_signature(op: Op) -> str:
-    parts = [p.name if p.default == REQUIRED else f"{p.name}={p.default!r}" for p in op.params]
+    parts = [p.name if p.default == REQUIRED else f"{p.name}={_default_text(p)}" for p in op.params]
     parts += [f"{o.name}=None" for o in op.outs if o.positional]
     keyword_only = [o for o in op.outs if not o.positional]
     if keyword_only:
@@ -94,6 +106,8 @@ def _arg_fields(op: Op) -> list:
             fields.append(f"int64_t {n};  // index into {list(t.choices)}" if t.enum else f"std::string_view {n};")
         elif t.kind == "int_tuple":
             fields.append(f"std::array<int64_t, {t.length}> {n};")
+        elif t.kind == "dtype":
+            fields.append(f"DType {n};  // one of {list(t.choices)}")
         else:
             raise ValueError(f"{op.module}.{op.name}: unknown parameter kind {t.kind!r}")
         if getattr(t, "optional", False) and t.kind not in ("tensor",):
@@ -179,7 +193,8 @@ def _parse_param(i: int, p, qual: str) -> list:
             return (f"!check_dtype(op, {cpp_string(label)}, a.{field}, {{{dts}}})")
         if t.kind == "tensor":
             L.append(f"  if (!tensor_arg(op, {cpp_string(n)}, v[{i}], {'true' if t.optional else 'false'}, &a.{n})){fail}\n")
-            checks = [dtype_checks(n, t.dtypes, n), f"!check_ndim(op, {cpp_string(n)}, a.{n}, {t.ndim})",
+            rank = "check_min_ndim" if t.leading else "check_ndim"
+            checks = [dtype_checks(n, t.dtypes, n), f"!{rank}(op, {cpp_string(n)}, a.{n}, {t.ndim})",
                       f"!check_layout(op, {cpp_string(n)}, a.{n}, {'true' if t.contiguous else 'false'})"]
             L.append(f"  if (a.{n}.present && ({' || '.join(checks)})){fail}\n")
         else:
@@ -231,6 +246,12 @@ def _parse_param(i: int, p, qual: str) -> list:
             L.append(f"  a.{n}_is_none = {'true' if p.default is None else 'false'};\n")
         L.append(f"  if ({given} && !int_tuple_arg(op, {cpp_string(n)}, v[{i}], {optional}, {t.length}, a.{n}.data(), "
                  f"{'&a.' + n + '_is_none' if t.optional else 'nullptr'})){fail}\n")
+    elif t.kind == "dtype":
+        choices = ", ".join(DTYPES[c].enum for c in t.choices)
+        if p.default not in (REQUIRED, None) and p.default not in t.choices:
+            raise ValueError(f"{qual}: {n}'s default {p.default!r} is not among its choices")
+        L.append(f"  a.{n} = {DTYPES[p.default].enum if p.default not in (REQUIRED, None) else 'UNKNOWN'};\n")
+        L.append(f"  if ({given} && !dtype_arg(op, {cpp_string(n)}, v[{i}], {{{choices}}}, &a.{n})){fail}\n")
     else:
         raise ValueError(f"{qual}: unknown parameter kind {t.kind!r}")
     return L
@@ -322,7 +343,8 @@ def _op_function(op: Op, ns: str) -> str:
     L.append(f"static PyObject* {fid}(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n"
              f"  PyObject* result = {fid}_body(args, nargs, kwnames);\n"
              f"  return result != nullptr ? result : torch_path_or_error({cpp_string(qual)}, args, nargs, kwnames);\n}}\n")
-    doc = text_signature(op) + "\n--\n\n" + op.doc
+    # "--" marks a signature CPython reads (inspect.signature); otherwise it is the doc's first line
+    doc = text_signature(op) + ("\n--\n\n" if has_text_signature(op) else "\n\n") + op.doc
     L.append(f"namespace tka::gen {{\nPyMethodDef {fid} = {{{cpp_string(op.name)}, "
              f"reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(::{fid})), METH_FASTCALL | METH_KEYWORDS,\n"
              f"    {cpp_string(doc)}}};\n}}  // namespace tka::gen\n\n")

@@ -345,6 +345,52 @@ bool enum_arg(const char* op, const char* name, PyObject* obj, std::initializer_
   return true;
 }
 
+static std::string dtype_choices_text(std::initializer_list<DType> choices) {
+  std::string text;
+  for (DType d : choices) text += std::string(text.empty() ? "" : ", ") + dtype_name(d);
+  return text;
+}
+
+bool dtype_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<DType> choices, DType* out) {
+  // torch.dtype objects are singletons: the ones seen are remembered (callers hold the GIL)
+  static PyObject* seen[UNKNOWN + 1] = {};
+  static DType seen_as[UNKNOWN + 1] = {};
+  DType d = UNKNOWN;
+  int k = 0;
+  for (; k <= UNKNOWN && seen[k] != nullptr; ++k)
+    if (seen[k] == obj) {
+      d = seen_as[k];
+      break;
+    }
+  if (d == UNKNOWN) {
+    // a torch.dtype, told by its type's name (the runtime does not import torch)
+    if (std::strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") != 0)
+      return type_error(op, "%s must be a torch.dtype (%s), got %s", name, dtype_choices_text(choices).c_str(),
+                        Py_TYPE(obj)->tp_name);
+    PyObject* text = PyObject_Str(obj);  // e.g. "torch.float32"
+    if (text == nullptr) return false;
+    const char* s = PyUnicode_AsUTF8(text);
+    std::string shown = s != nullptr ? s : "?";
+    Py_DECREF(text);
+    if (s == nullptr) return false;
+    for (int i = 0; i < UNKNOWN; ++i)
+      if (dtype_view(static_cast<DType>(i)) == shown) d = static_cast<DType>(i);
+    if (d != UNKNOWN && k <= UNKNOWN) {
+      Py_INCREF(obj);
+      seen[k] = obj;
+      seen_as[k] = d;
+    }
+    if (d == UNKNOWN)
+      return value_error(op, "%s must be one of %s, got %s", name, dtype_choices_text(choices).c_str(), shown.c_str());
+  }
+  for (DType c : choices)
+    if (c == d) {
+      *out = d;
+      return true;
+    }
+  return value_error(op, "%s must be one of %s, got %s", name, dtype_choices_text(choices).c_str(), dtype_name(d));
+}
+
 bool int_tuple_arg(const char* op, const char* name, PyObject* obj, bool optional, int n, int64_t* out, bool* is_none) {
   if (obj == Py_None) {
     if (!optional) return type_error(op, "%s must be a tuple of %d ints, got None", name, n);
@@ -387,6 +433,11 @@ bool check_dtype(const char* op, const char* name, const TensorArg& t, std::init
 bool check_ndim(const char* op, const char* name, const TensorArg& t, int ndim) {
   if (t.ndim == ndim) return true;
   return value_error(op, "%s must be %d-D, got %d-D", name, ndim, t.ndim);
+}
+
+bool check_min_ndim(const char* op, const char* name, const TensorArg& t, int ndim) {
+  if (t.ndim >= ndim) return true;
+  return value_error(op, "%s must be at least %d-D, got %d-D", name, ndim, t.ndim);
 }
 
 bool check_layout(const char* op, const char* name, const TensorArg& t, bool contiguous) {

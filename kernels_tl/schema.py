@@ -29,14 +29,17 @@ REQUIRED = "<required>"  # marker: a positional parameter without a default
 @dataclass(frozen=True)
 class Tensor:
     """A tensor parameter.  ``dtypes``: accepted dtype names (``aot.targets.DTYPES``);
-    ``ndim``: required rank; ``contiguous``: False when only the last dim must be
-    unit-stride; ``optional``: None allowed; ``mutable``: updated in place by the op."""
+    ``ndim``: required rank (with ``leading``, the least rank: any dims before the last
+    ``ndim`` are leading dims, which the host flattens); ``contiguous``: False when only the
+    last dim must be unit-stride; ``optional``: None allowed; ``mutable``: updated in place
+    by the op."""
 
     dtypes: Sequence[str]
     ndim: int
     contiguous: bool = True
     optional: bool = False
     mutable: bool = False
+    leading: bool = False
     kind: str = "tensor"
 
 
@@ -80,6 +83,18 @@ class Str:
     enum: bool = False
     optional: bool = False  # None allowed (the host gets ``<name>_is_none`` and an empty string)
     kind: str = "str"
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """A ``torch.dtype`` among ``choices`` (dtype names, keys of ``aot.targets.DTYPES``), e.g.
+    an output dtype.  A default is written as its name (``Param("out_dtype", Dtype([...]),
+    "float32")``, shown as ``torch.float32``).  The host gets the runtime's ``DType``; a value
+    that is not a ``torch.dtype`` is a TypeError, a dtype outside ``choices`` a ValueError.
+    torch.library sees a ``ScalarType``."""
+
+    choices: Sequence[str]
+    kind: str = "dtype"
 
 
 @dataclass(frozen=True)
@@ -197,6 +212,14 @@ class Quantized:
     round_sf: bool = False
     use_packed_ue8m0: bool = False
     kind: str = "quantized"
+
+
+@dataclass(frozen=True)
+class TorchDtype:
+    """A ``torch.dtype`` argument of a sample (for a :class:`Dtype` parameter), by name."""
+
+    name: str
+    kind: str = "torch_dtype"
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,8 @@ def torch_params(record: dict) -> list:
             result.append((p["name"], "str" + ("?" if t.get("optional") else ""), default))
         elif kind == "int_tuple":
             result.append((p["name"], f"int[{t['length']}]" + ("?" if t["optional"] else ""), default))
+        elif kind == "dtype":  # the default by name, as torch's schema parser reads a ScalarType's
+            result.append((p["name"], "ScalarType", None if p["default"] == "<required>" else p["default"]))
         else:
             raise ValueError(f"{record['module']}.{record['name']}: no torch type for parameter kind {kind!r}")
     return result
@@ -189,11 +191,19 @@ def _public_call(record: dict, values: list) -> list:
     return args
 
 
+def _default_value(p: dict):
+    """A parameter's default as the public function has it (a dtype parameter's name as the
+    torch.dtype)."""
+    if p["type"]["kind"] == "dtype" and p["default"] is not None:
+        return getattr(torch, p["default"])
+    return p["default"]
+
+
 def _defaults(record: dict) -> list:
     """The custom op's parameters' default values, in order (None where required)."""
     result = []
     for p in record["params"]:
-        default = None if p["default"] == "<required>" else p["default"]
+        default = None if p["default"] == "<required>" else _default_value(p)
         result += [default, None] if p["type"]["kind"] == "quantized" else [default]
     return result
 
@@ -250,7 +260,7 @@ def binding(record: dict) -> dict:
     return {
         "qual": f"{record['module']}.{record['name']}",
         "names": [p["name"] for p in params],
-        "defaults": {p["name"]: p["default"] for p in params if p["default"] != "<required>"},
+        "defaults": {p["name"]: _default_value(p) for p in params if p["default"] != "<required>"},
         "out_names": out_names,
         # outputs the public function also takes by position, after its parameters
         "positional_outs": sum(1 for o in record["outs"] if o.get("positional", False)),

@@ -146,6 +146,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
     def value(v):
         if isinstance(v, dict) and v.get("kind") == "extent":
             return int(eval(v["expr"], {"__builtins__": {}}, {"T": tokens, "P": routed.get("rows")}))
+        if isinstance(v, dict) and v.get("kind") == "torch_dtype":
+            return getattr(torch, v["name"])
         if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):
             return tuple(value(e) for e in v)  # a (data, sf) pair
         if isinstance(v, list) and all(isinstance(e, int) for e in v):

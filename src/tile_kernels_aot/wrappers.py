@@ -2,8 +2,8 @@
 
 A wrapper keeps its kernel op's signature (``__signature__``), hands every argument to the
 generated C function unchanged (which parses and checks them and raises the op's own errors),
-and adds what a single launch cannot give: here, the host sync that learns a data-dependent
-size.
+and adds what a single launch cannot give: the host sync that learns a data-dependent size,
+or a signature CPython cannot read from a C function's docstring (a ``torch.dtype`` default).
 """
 
 from __future__ import annotations
@@ -73,3 +73,40 @@ def get_fused_mapping(*args, **kwargs):
                              f"fewer than the fused layout needs ({total}); the pairs past its end were not placed")
         return (*result, counts)
     return (result[0][:total], result[1][:total], result[2][:total], *result[3:], counts)
+
+
+def _signature_of(qualname: str) -> inspect.Signature:
+    """The public signature of a kernel op from its record: its parameters with their defaults
+    (a dtype parameter's as the torch.dtype), then its outputs (positional ones, then
+    keyword-only), default None."""
+    from tile_kernels_aot import manifest
+    from tile_kernels_aot.custom_ops import _default_value
+
+    record = manifest.op(qualname)
+    kind, empty = inspect.Parameter, inspect.Parameter.empty
+    params = [kind(p["name"], kind.POSITIONAL_OR_KEYWORD,
+                   default=empty if p["default"] == "<required>" else _default_value(p)) for p in record["params"]]
+    params += [kind(o["name"], kind.POSITIONAL_OR_KEYWORD if o.get("positional") else kind.KEYWORD_ONLY, default=None)
+               for o in sorted(record["outs"], key=lambda o: not o.get("positional"))]
+    return inspect.Signature(params)
+
+
+def _with_signature(module: str, name: str):
+    """The public function of kernel op ``<module>.<name>`` whose default is a torch.dtype: a
+    pass-through to the C function (which parses, checks and raises), carrying the signature
+    (None when this build lacks the op)."""
+    kernel_op = getattr(getattr(_C, module, None), name, None)
+    if kernel_op is None:
+        return None
+
+    def call(*args, **kwargs):
+        return kernel_op(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = f"tile_kernels_aot.{module}"
+    call.__doc__ = kernel_op.__doc__
+    call.__signature__ = _signature_of(f"{module}.{name}")
+    return call
+
+
+unpack_from_e2m1fn_x2 = _with_signature("quant", "unpack_from_e2m1fn_x2")

@@ -202,3 +202,35 @@ def test_a_wrapped_op_is_exported_as_its_wrapper_over_the_kernel_op():
     _raises(TypeError, rf"{op}: num_expanded_tokens must be an int", moe.get_fused_mapping, idx, 8, 1.5, 16)
     _raises(TypeError, rf"{op}: got multiple values for argument 'alignment'", moe.get_fused_mapping, idx, 8, 0, 16,
             alignment=16)
+
+
+def test_unpack_from_e2m1fn_x2_takes_leading_dims_and_a_torch_dtype():
+    """quant.unpack_from_e2m1fn_x2: the public function is a thin wrapper carrying the
+    reference's signature (a torch.dtype default) over the kernel op; any rank >= 1 and
+    leading dims that flatten into rows pass every check up to the device's."""
+    if "quant.unpack_from_e2m1fn_x2" not in IDS:
+        pytest.skip("no unpack_from_e2m1fn_x2 in this build")
+    from tile_kernels_aot import _C
+
+    op = "quant.unpack_from_e2m1fn_x2"
+    fn = quant.unpack_from_e2m1fn_x2
+    kernel_op = samples.kernel_function(manifest.op(op))
+    assert kernel_op is _C.quant.unpack_from_e2m1fn_x2 and fn is not kernel_op
+    assert str(inspect.signature(fn)) == "(x, out_dtype=torch.float32, *, out=None)"
+    x = torch.zeros(4, 6, 8, dtype=torch.int8)
+    for call in (lambda: fn(x), lambda: fn(x[0, 0]), lambda: fn(x.view(torch.uint8), torch.bfloat16),
+                 lambda: fn(x, out_dtype=torch.float16), lambda: fn(x[:, ::2]), lambda: fn(x[:, :, :5]),
+                 lambda: fn(x[0, 0].expand(5, 8)), lambda: kernel_op(x), lambda: fn(x, torch.float32, out=None)):
+        _raises(ValueError, rf"{op}: x must be a CUDA tensor", call)
+    _raises(ValueError, rf"{op}: x must be at least 1-D, got 0-D", fn, x[0, 0, 0])
+    for view in (x.transpose(0, 1), x.expand(3, 4, 6, 8)):
+        _raises(ValueError, rf"{op}: x must have leading dims that flatten into rows of one stride", fn, view)
+    _raises(ValueError, rf"{op}: x must have a unit stride in its last dim", fn, x[:, :, ::2])
+    _raises(TypeError, rf"{op}: x must have dtype torch.int8 or torch.uint8, got torch.int32", fn, x.int())
+    _raises(TypeError, rf"{op}: out_dtype must be a torch.dtype .*, got str", fn, x, "float32")
+    _raises(TypeError, rf"{op}: out_dtype must be a torch.dtype .*, got int", fn, x, out_dtype=6)
+    _raises(ValueError, rf"{op}: out_dtype must be one of torch.float32, torch.bfloat16, torch.float16, got torch.float64",
+            fn, x, torch.float64)
+    _raises(TypeError, rf"{op}: got multiple values for argument 'out_dtype'", fn, x, torch.float32,
+            out_dtype=torch.float32)
+    _raises(TypeError, rf"{op}: got an unexpected keyword argument 'dtype'", fn, x, dtype=torch.float32)

@@ -54,10 +54,49 @@ def test_bad_arguments_are_refused_by_name(record, sample):
         _call(record, sample, set_first(lambda t: [1.0], whole=True))
     with pytest.raises(TypeError, match=f"^{op}: {name} must have dtype"):
         _call(record, sample, set_first(lambda t: t.to(torch.float64)))
-    with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(data.shape)}-D"):
-        _call(record, sample, set_first(lambda t: t.unsqueeze(0)))
+    spec = record["params"][i]["type"]
+    if spec.get("leading"):  # leading dims allowed: only fewer dims than the least rank are refused
+        with pytest.raises(ValueError, match=f"^{op}: {name} must be at least {spec['ndim']}-D"):
+            _call(record, sample, set_first(lambda t: t.reshape(-1)[:1].reshape([1] * (spec["ndim"] - 1))))
+    else:
+        with pytest.raises(ValueError, match=f"^{op}: {name} must be {len(data.shape)}-D"):
+            _call(record, sample, set_first(lambda t: t.unsqueeze(0)))
     with pytest.raises(TypeError, match=f"^{op}: missing required argument"):
         samples.function(record)()
     # well-formed CPU tensors pass every check up to the device's
     with pytest.raises(ValueError, match=f"^{op}: .* must be a CUDA tensor"):
         _call(record, sample, lambda a, k: None)
+
+
+DTYPE_CASES = [pytest.param(r, s, p, id=f"{r['module']}.{r['name']}.{p['name']}") for r in manifest.ops()
+               for s in r["samples"][:1] if samples.is_prebuilt(r, s)
+               for p in r["params"] if p["type"]["kind"] == "dtype"]
+
+
+@pytest.mark.parametrize("record,sample,param", DTYPE_CASES)
+def test_dtype_parameters_take_torch_dtypes_only(record, sample, param):
+    """A Dtype parameter: a torch.dtype among its choices passes (up to the device check); a
+    string, an int, None or another object is a TypeError, another dtype a ValueError, each
+    naming the op and the parameter."""
+    op = f"{record['module']}.{record['name']}"
+    name = param["name"]
+    index = [p["name"] for p in record["params"]].index(name)
+
+    def setting(value):
+        def change(args, kwargs):
+            if index < len(args):
+                args[index] = value
+            else:
+                kwargs[name] = value
+        return change
+
+    for choice in param["type"]["choices"]:
+        with pytest.raises(ValueError, match=f"^{op}: .* must be a CUDA tensor"):
+            _call(record, sample, setting(getattr(torch, choice)))
+    choices = re.escape(", ".join(f"torch.{c}" for c in param["type"]["choices"]))
+    for bad, shown in ((param["type"]["choices"][0], "str"), (6, "int"), (None, "NoneType"), (torch.empty(1), "Tensor")):
+        with pytest.raises(TypeError, match=f"^{op}: {name} must be a torch.dtype \\({choices}\\), got {shown}"):
+            _call(record, sample, setting(bad))
+    other = next(d for d in (torch.float64, torch.int32, torch.complex64) if str(d)[6:] not in param["type"]["choices"])
+    with pytest.raises(ValueError, match=f"^{op}: {name} must be one of {choices}, got {re.escape(str(other))}"):
+        _call(record, sample, setting(other))

@@ -57,6 +57,13 @@ def test_every_op_is_a_custom_op_with_its_declared_schema(record):
     functional = getattr(ops, record["name"]).default._schema
     expected = [n for n, _, _ in custom_ops.torch_params(record)]
     assert [a.name for a in functional.arguments] == expected
+    # a Dtype parameter is a ScalarType; where the dispatcher leaves its default out, the
+    # kernel gets the torch.dtype
+    defaults = dict(zip(expected, custom_ops._defaults(record)))
+    for p in record["params"]:
+        if p["type"]["kind"] == "dtype":
+            assert f"ScalarType {p['name']}" in str(functional)
+            assert p["default"] == "<required>" or defaults[p["name"]] is getattr(torch, p["default"])
     assert len(functional.returns) == len(custom_ops.flat_returns(record["returns"]))
     if not record["outs"]:  # an in-place op has no out form
         assert not hasattr(ops, record["name"] + "_out")

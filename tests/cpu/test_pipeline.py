@@ -197,3 +197,32 @@ def test_editing_one_kernel_relowers_only_that_kernel(monkeypatch):
         # builds on), never a schema
         assert others <= set(lower.kernel_sources(own)), others
         assert not any(p.name == "schema.py" for p in others)
+
+
+def test_dtype_and_leading_dim_parameters_in_the_stub_and_the_torch_schema():
+    """A Dtype parameter: shown with its torch.dtype default (so the C function carries no
+    text signature CPython would misread), parsed by dtype_arg into a DType with the default's
+    enum, a ScalarType in torch.library; a Tensor with leading dims is checked for its least rank."""
+    from aot import stubgen
+    from kernels_tl.schema import Dtype, Op, Out, Param, Schema, Tensor, to_json
+    from tile_kernels_aot import custom_ops
+
+    op = Op(module="quant", name="f", params=[Param("x", Tensor(["int8"], 2, leading=True)),
+                                              Param("out_dtype", Dtype(["float32", "bfloat16"]), "bfloat16")],
+            outs=[Out("out", dtype="out_dtype", shape="list(x.shape)")], returns=["out"], reference="", samples=[],
+            doc="doc")
+    assert stubgen.text_signature(op) == "f(x, out_dtype=torch.bfloat16, *, out=None)"
+    assert not stubgen.has_text_signature(op)
+    schema = Schema(static=(), ops=[op])
+    unit = stubgen.generate_kernel_unit("quant.f", schema, {"configs": []}, "quant/f", "schema.py")
+    assert "a.out_dtype = BF16;" in unit
+    assert 'dtype_arg(op, "out_dtype", v[1], {F32, BF16}, &a.out_dtype)' in unit
+    assert 'check_min_ndim(op, "x", a.x, 2)' in unit
+    method = unit.split("PyMethodDef", 1)[1]
+    assert r'"f(x, out_dtype=torch.bfloat16, *, out=None)\n\ndoc"' in method
+    assert "DType out_dtype;" in stubgen.generate_args_header("quant.f", schema, {"configs": []}, "schema.py")
+    record = {"module": "quant", "name": "f", "params": to_json(op.params)}
+    assert custom_ops.torch_params(record) == [("x", "Tensor", None), ("out_dtype", "ScalarType", "bfloat16")]
+    with pytest.raises(ValueError, match="default 'float16' is not among its choices"):
+        bad = Op(**{**op.__dict__, "params": [op.params[0], Param("out_dtype", Dtype(["float32"]), "float16")]})
+        stubgen.generate_kernel_unit("quant.f", Schema(static=(), ops=[bad]), {"configs": []}, "quant/f", "schema.py")

@@ -87,12 +87,16 @@ bool str_arg(const char* op, const char* name, PyObject* obj, std::initializer_l
 // One of `choices` by name, or an int (an IntEnum member included) indexing them: the index.
 bool enum_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<const char*> choices,
               int64_t* out);
+// A torch.dtype among `choices`: a TypeError for anything else, a ValueError for another dtype.
+bool dtype_arg(const char* op, const char* name, PyObject* obj, std::initializer_list<DType> choices, DType* out);
 // A tuple (or list) of `n` ints, or None where optional.
 bool int_tuple_arg(const char* op, const char* name, PyObject* obj, bool optional, int n, int64_t* out, bool* is_none);
 // A pre-quantized (data, sf) pair, or, with `plain`, a tensor in its place (sf absent).
 bool quantized_arg(const char* op, const char* name, PyObject* obj, bool plain, TensorArg* data, TensorArg* sf);
 bool check_dtype(const char* op, const char* name, const TensorArg& t, std::initializer_list<DType> allowed);
 bool check_ndim(const char* op, const char* name, const TensorArg& t, int ndim);
+// At least `ndim` dims (a tensor with leading dims).
+bool check_min_ndim(const char* op, const char* name, const TensorArg& t, int ndim);
 bool check_layout(const char* op, const char* name, const TensorArg& t, bool contiguous);
 bool check_same_device(const char* op, const char* name, const TensorArg& t, int device);
 
