@@ -1,5 +1,6 @@
-"""mhc.mhc_pre_norm_fn: one kernel per mhc_mult; the token count and K = mhc_mult * hidden
-(a multiple of 1024) are run-time values."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
+hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
+per 32-token tile: 1, 2, 4 or 8) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -30,7 +31,7 @@ _SAMPLES = [
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult",),
+    static=("mhc_mult", "cluster"),
     ops=[
         Op(
             module="mhc",
