@@ -253,9 +253,21 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                     x_i = 0
                     x_g += 1
 
+                # this step's x first, then W of step s + 1 into the other buffer (step s - 1's):
+                # integer work that covers the loads' latency; then W of step s + 2 loading, a
+                # whole step ahead
                 for tt in T.unroll(TOKEN_GROUP):
                     for e in T.vectorized(PIECE // 2):
                         xv[tt, e] = xs[s % STAGES, tg * TOKEN_GROUP + tt, a, e]
+                if s + 1 < steps:
+                    store_w(ws, wn, nv, has_weight, (s + 1) % 2, tid)
+                    if s + 2 < steps:
+                        load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
+                w_i += 1  # the next step, phase-major
+                if w_i == steps_per_phase:
+                    w_i = 0
+                    w_g += 1
+
                 # bf16 -> float32 is the 16 bits moved up: the low half of a pair is the earlier element
                 for tt in T.unroll(TOKEN_GROUP):
                     for e in T.unroll(PIECE // 2):
@@ -276,16 +288,6 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                     for tt in T.unroll(TOKEN_GROUP):
                         for e in T.unroll(PIECE):
                             acc[tt, r] = acc[tt, r] + xf[tt, e] * wv[e]
-
-                # W of step s + 1 into the other buffer (step s - 1's), W of step s + 2 loading
-                if s + 1 < steps:
-                    store_w(ws, wn, nv, has_weight, (s + 1) % 2, tid)
-                    if s + 2 < steps:
-                        load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
-                w_i += 1  # the next step, phase-major
-                if w_i == steps_per_phase:
-                    w_i = 0
-                    w_g += 1
 
                 c_i += 1
                 if c_i == steps_per_phase:
