@@ -39,7 +39,7 @@ from tilelang import language as T
 from tilelang.cuda.language import block_rank_in_cluster, cluster_sync
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.mhc.mix_math import CLUSTER_LOAD_SOURCE
+from kernels_tl.cluster_load import CLUSTER_LOAD_SOURCE
 
 WARP = 32
 LANES = 256  # lanes of the K order
@@ -100,7 +100,7 @@ def _groups_tree(res, size, phases, at, remote):
     ``g % phases`` of cluster rank ``g // phases`` (through distributed shared memory when
     ``remote``)."""
     if remote:
-        return _pair_tree([T.call_extern(T.float32, "tka_mhc_remote_f32",
+        return _pair_tree([T.call_extern(T.float32, "tka_cluster_load_f32",
                                          T.address_of(res[(g % phases) * size + at]), g // phases)
                            for g in range(GROUPS)])
     return _pair_tree([res[g * size + at] for g in range(GROUPS)])
