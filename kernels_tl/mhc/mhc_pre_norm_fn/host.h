@@ -6,8 +6,25 @@
 namespace tka::mhc_mhc_pre_norm_fn::mhc_pre_norm_fn {
 
 struct Plan {
-  int64_t num_tokens, mhc_mult, hidden, features, rows;
+  int64_t num_tokens, mhc_mult, hidden, features, rows, cluster;
 };
+
+// Blocks per 32-token tile (each walks 8 / cluster of the 8 lane groups, K / 1024 steps each):
+// the size with the fewest waves of block time, counting a block's pipeline fill and final
+// tree as 3 steps and clusters of 4 or 8 as fitting `sms` rounded down to 8 blocks; ties go
+// to the smaller cluster.  Every size sums in the same order (the result never depends on it).
+inline int64_t pick_cluster(int64_t num_tokens, int64_t features, int64_t sms) {
+  const int64_t tiles = (num_tokens + 31) / 32, steps = features / 1024;
+  int64_t best = 1, best_cost = -1;
+  for (int64_t c : {1, 2, 4, 8}) {
+    int64_t slots = c >= 4 ? sms - sms % 8 : sms;
+    if (slots < c) slots = c;
+    const int64_t waves = (tiles * c + slots - 1) / slots;
+    const int64_t cost = waves * ((8 / c) * steps + 3);
+    if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
+  }
+  return best;
+}
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.residual.shape[0];
@@ -27,9 +44,21 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(K > 0 && K % 1024 == 0, "residual",
             "must have mhc_mult * hidden a positive multiple of 1024 (256 lanes x 4 elements), got %lld", K);
   TKA_CHECK(K <= (int64_t{1} << 30), "residual", "must have mhc_mult * hidden <= 2^30, got %lld", K);
-  TKA_CHECK(aligned(a.residual.data, 8), "residual", "must start 8-byte aligned");
+  TKA_CHECK(m3 * K <= (int64_t{1} << 31) - 1, "mhc_fn", "must have fewer than 2^31 elements, got %lld", m3 * K);
+  TKA_CHECK(aligned(a.residual.data, 16), "residual", "must start 16-byte aligned");
   TKA_CHECK(aligned(a.mhc_fn.data, 16), "mhc_fn", "must start 16-byte aligned");
+  int64_t sms = 132;  // a tensor off CUDA (the config lookup without a GPU)
+  if (a.residual.device >= 0) {
+    const int n = device_sm_count(op, a.residual.device);
+    if (n < 0) return false;
+    sms = n;
+  }
+  p.cluster = pick_cluster(p.num_tokens, K, sms);
+  TKA_CHECK((p.num_tokens + 31) / 32 * p.cluster <= INT32_MAX, "residual",
+            "must have fewer than 2^31 / %lld tiles of 32 tokens, got %lld tokens", static_cast<long long>(p.cluster),
+            static_cast<long long>(p.num_tokens));
   c.mhc_mult = p.mhc_mult;
+  c.cluster = p.cluster;
   return true;
 }
 

@@ -1,5 +1,6 @@
-"""mhc.mhc_pre_norm_fn: one kernel per mhc_mult; the token count and K = mhc_mult * hidden
-(a multiple of 1024) are run-time values."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
+hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
+per 32-token tile: 1, 2, 4 or 8) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -27,10 +28,14 @@ _SAMPLES = [
     Sample("upstream split-K: 48 tokens, hidden 7168", 48, _args(7168, False)),
     Sample("upstream split-K: 512 tokens, hidden 1280", 512, _args(1280, False)),
     Sample("options: fuse_grad_acc=False, n_splits=1", 77, _args(2560, True), {"fuse_grad_acc": False, "n_splits": 1}),
+    # the host's cluster size (host.h pick_cluster): 1 at 4096 tokens and up (here with a partial
+    # last tile), 2 at 2048 tokens, 4 at the 1000-token samples, 8 at decode and the split-K rows
+    Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
+    Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult",),
+    static=("mhc_mult", "cluster"),
     ops=[
         Op(
             module="mhc",
