@@ -2,7 +2,6 @@
 // (interface: tka/host.h).
 #pragma once
 
-#include <algorithm>
 #include <type_traits>
 
 #include "args.h"
@@ -31,9 +30,8 @@ bool plan_common(const char* op, const A& a, Plan& p, Config& c) {
   TKA_CHECK(aligned(a.x.data, 16), "x", "must start 16-byte aligned");
   TKA_CHECK(p.num_tokens < 2147483647 && p.num_rows < 2147483647 - 128 && p.hidden < 2147483647, "x",
             "is too large: rows and hidden must be below 2^31");
-  // the grid: channel tiles in y (transposed), or every tile in one 32-bit dimension (in place)
-  TKA_CHECK(p.transpose ? ceil_div(p.hidden, 8 * piece) <= 65535
-                        : ceil_div(p.num_rows, 128) * ceil_div(p.hidden, 8 * piece) <= 2147483647, "x",
+  // the grid's y extent: row blocks (in place) or channel tiles (transposed)
+  TKA_CHECK(p.transpose ? ceil_div(p.hidden, 8 * piece) <= 65535 : ceil_div(p.num_rows, 128) <= 65535, "x",
             "is too large for one launch");
   c.in_dtype = a.x.dtype;
   c.transpose = p.transpose ? 1 : 0;
@@ -75,27 +73,9 @@ struct HasInputSf : std::false_type {};
 template <typename K>
 struct HasInputSf<K, std::void_t<decltype(&K::x_sf)>> : std::true_type {};
 template <typename K, typename = void>
-struct HasBand : std::false_type {};
-template <typename K>
-struct HasBand<K, std::void_t<decltype(&K::band_tiles)>> : std::true_type {};
-template <typename K, typename = void>
 struct HasRowBlock : std::false_type {};
 template <typename K>
 struct HasRowBlock<K, std::void_t<decltype(&K::num_per_tokens)>> : std::true_type {};
-
-// In-place block order: bands of this many channel tiles (of `tile_channels`), each over every row
-// tile.  Without a gather every row is read once: one band (row tile by row tile, each row read
-// whole by the blocks started together).  With a gather a token routed to several local experts
-// is read by several output rows far apart; a band narrow enough that its share of x (at most
-// num_tokens rows x the band's bytes) stays in L2 serves those repeated reads from L2.
-inline int64_t band_tiles(const Plan& p, const Constants& c) {
-  const int64_t col_tiles = ceil_div(p.hidden, c.tile_channels);
-  if (!p.gather) return col_tiles;
-  const int64_t tile_bytes = 128;  // of each row: 16 bytes x 8 lanes, whatever the dtype
-  const int64_t budget = int64_t{16} << 20;
-  const int64_t band = budget / (std::max<int64_t>(p.num_tokens, 1) * tile_bytes);
-  return std::min(col_tiles, std::max<int64_t>(band, 1));
-}
 
 template <typename A>
 bool cast_args(const A& a, const Plan& p, const Constants& c, void* out, void* out_sf, const void* x_sf,
@@ -114,7 +94,6 @@ bool cast_args(const A& a, const Plan& p, const Constants& c, void* out, void* o
     k.sf_cols = x_sf != nullptr ? p.hidden / 128 : 0;
   }
   if constexpr (HasRowBlock<KernelArgs>::value) k.num_per_tokens = p.npt;
-  if constexpr (HasBand<KernelArgs>::value) k.band_tiles = band_tiles(p, c);
   return true;
 }
 

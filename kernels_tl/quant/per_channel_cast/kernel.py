@@ -36,9 +36,7 @@ lines.  With ``gather`` the thread first loads the 4 positions of its rows (one 
 
 Rows past ``num_rows`` (a partial last block) and pieces past ``hidden`` load nothing (they add
 0 to the maxima) and store nothing.  Offsets into ``x``, ``x_sf``, ``out`` and ``out_sf`` are
-64-bit.  ``npt`` (16, 32, 64 or 128), ``gather`` and ``round_sf`` are run-time values.  In place, the
-grid is 1-D and blocks take tiles in bands of ``band_tiles`` channel tiles over every row tile
-(``notes.md``: L2 reuse of the rows a gather reads more than once).
+64-bit.  ``npt`` (16, 32, 64 or 128), ``gather`` and ``round_sf`` are run-time values.
 
 Static configurations: ``in_dtype`` (bfloat16, float32, float8_e4m3fn) x ``transpose`` (0; 1 for
 bfloat16): 4.  Not yet measured on the GPU (``notes.md``).
@@ -126,8 +124,7 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
     else:
         # [num_rows, hidden] e4m3 as 32-bit words
         out_type = T.Tensor[(num_rows * row_pieces * OW,), T.uint32]
-        # one dimension: the block -> tile order is the kernel's (bands of band_tiles channel tiles)
-        grid = (T.ceildiv(row_pieces, LANES_PER_ROW) * T.ceildiv(num_rows, TILE_ROWS),)
+        grid = (T.ceildiv(row_pieces, LANES_PER_ROW), T.ceildiv(num_rows, TILE_ROWS))
 
     @T.prim_func
     def per_channel_cast(
@@ -139,9 +136,8 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
         num_per_tokens: T.int32,  # 16, 32, 64 or 128
         gather: T.int32,
         round_sf: T.int32,
-        band_tiles: T.int32,  # in place: channel tiles per band (1 .. all of them)
     ):
-        with T.Kernel(*grid, threads=THREADS) as block_ids:
+        with T.Kernel(*grid, threads=THREADS) as (bx, by):
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[in_dtype])
             T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + DEVICE_SOURCE)
@@ -165,25 +161,8 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
             code = T.alloc_local((ROWS_PER_THREAD, OW), T.uint32)
             a = T.alloc_var(T.float32)
 
-            if transpose:
-                bx, by = block_ids
-                tile_c = by  # channel tile
-                tile_r = bx  # row tile: blocks started together write the same output rows
-            else:
-                # Bands of band_tiles channel tiles, each band over every row tile, channel tile
-                # fastest within a band.  With every tile in one band (the host's choice without
-                # a gather) this is row tile by row tile; with a gather, a narrow band keeps the
-                # rows that several output rows read (a token routed to several local experts) in
-                # L2 between their reads, and still reads band_tiles * 128 contiguous bytes of
-                # each row together.  32-bit: the host keeps the block count below 2^31.
-                bid = block_ids
-                col_tiles = T.ceildiv(row_pieces, LANES_PER_ROW)
-                band_blocks = T.ceildiv(num_rows, TILE_ROWS) * band_tiles
-                band = bid // band_blocks
-                rem = bid - band * band_blocks
-                width = T.min(band_tiles, col_tiles - band * band_tiles)  # the last band may be narrower
-                tile_r = rem // width
-                tile_c = band * band_tiles + (rem - tile_r * width)
+            tile_c = by if transpose else bx  # channel tile
+            tile_r = bx if transpose else by  # row tile
             rg = tid // LANES_PER_ROW
             piece = tile_c * LANES_PER_ROW + tid % LANES_PER_ROW
             piece_ok = piece < row_pieces
