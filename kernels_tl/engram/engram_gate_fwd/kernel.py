@@ -17,40 +17,30 @@ from a zero, then the lanes combine as an XOR butterfly (16, 8, 4, 2, 1).
 
 Design
 ------
-One block of one warp per (token, stream) row, ``T * hc`` blocks (a token's ``hc`` blocks next
-to each other, so their reads of the token's ``v`` row meet in L2).  On entry each lane issues
-``cp.async`` copies of all its 16-byte pieces of the x row, the k row and the w row (fp32,
-L2-resident) into shared memory, in groups of ``GROUP`` pieces, so the whole row is in flight at
-once; every lane only ever reads the slots it filled itself, so no barrier is needed anywhere.
-Pass 1 waits group by group and accumulates the three sums while later groups still arrive;
-once a lane has read a piece of k it copies the matching piece of v into that slot (pass 2's
-operand, in flight during the rest of pass 1).  After the butterfly every lane holds the row's
-dot, rstd's and gate.  Pass 2 reads x and v back and stores the output in 16-byte pieces.
-Shared memory is ``8 * H`` bytes per block (56 KB at H 7168: 4 blocks per SM, enough for all
-512 rows of a 128-token batch at once).  Tokens, strides, eps, clamp_value and
-save_for_backward (``saved_rows``: T or 0) are run-time values; ``hc`` and ``H`` are static.
-Element offsets are 64-bit.
+One block per token, one warp per stream (``hc`` warps).  Pass 1: each lane loads its 16-byte
+pieces of x and k (and 2 x 16 bytes of w, L2/L1-resident: 4 * hc * H bytes for the whole
+call), all ``H / 256`` pieces unrolled so that the loads are in flight together, stashes
+its x pieces in shared memory (its own, so no barrier) and accumulates the three sums.
+After the butterfly every lane holds the token's dot, rstd's and gate.  Pass 2: x from
+shared memory, v from global (one row per token, read by the ``hc`` warps of the block at
+the same time: one DRAM read, the rest L1/L2 hits), 16-byte stores of the output.  Tokens,
+strides, eps, clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time
+values; ``hc`` and ``H`` are static (the unrolled piece loop and the stash size depend on
+``H``).  Element offsets are 64-bit.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
 SPAN = WARP * PIECE  # elements of a row one warp covers per step
-GROUP = 4  # x and k pieces per lane per cp.async group
-PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
-                # shared memory is written by cp.async (unseen by TileLang) and each lane reads only
-                # the slots it filled itself
-                "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True,
-                # every block's row is in bounds (grid = num_tokens * hc_mult): no guards on the accesses
-                "tl.disable_safe_memory_legalize": True}
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
 def host_constants(hc_mult, hidden):
-    return {"threads": WARP}
+    return {"threads": hc_mult * WARP}
 
 
 def _f32(value):
@@ -61,8 +51,7 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
     assert hidden % SPAN == 0, "hidden must be a multiple of 256"
     steps = hidden // SPAN
     pieces = hidden // PIECE
-    groups = -(-steps // GROUP)
-    assert groups + 1 <= cp_async.MAX_GROUPS
+    threads = hc_mult * WARP
     num_tokens = T.dynamic("num_tokens", "int64")
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
     k_stride_c = T.dynamic("k_stride_c", "int64")
@@ -85,22 +74,18 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
     ):
-        # one block per row: num_tokens * hc_mult < 2^31 (checked by the host)
-        with T.Kernel(T.Cast("int32", num_tokens * hc_mult), threads=WARP) as bid:
+        with T.Kernel(T.Cast("int32", num_tokens), threads=threads) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(cp_async.DEVICE_SOURCE)
             # rows start on 16-byte boundaries (checked by the host): each piece is one access
             T.assume(k_stride_t % PIECE == 0)
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
-            lane = T.get_thread_binding()
-            row = T.Cast("int64", bid)
-            t = row // hc_mult
-            c = row % hc_mult
+            tid = T.get_thread_binding()
+            c = tid // WARP
+            lane = tid % WARP
+            t = T.Cast("int64", bid)
 
-            x_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
-            kv_s = T.alloc_shared((pieces, PIECE), T.bfloat16)  # k in pass 1, then v
-            w_s = T.alloc_shared((2, pieces, PIECE // 2), T.float32)  # [half, piece]: conflict-free reads
+            x_stash = T.alloc_shared((hc_mult, steps, WARP, PIECE), T.bfloat16)
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
             wv = T.alloc_local((PIECE,), T.float32)
@@ -113,38 +98,19 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
             z = T.alloc_var(T.float32)
             a = T.alloc_var(T.float32)
 
-            # ---- every piece of x, k and w of the row in flight, in GROUP-piece groups
-            for j in T.unroll(steps):
-                p = j * WARP + lane
-                T.evaluate(cp_async.copy16(x_s[p, 0], hidden_states[t, c, p, 0]))
-                T.evaluate(cp_async.copy16(kv_s[p, 0], k[t, c, p, 0]))
-                T.evaluate(cp_async.copy16(w_s[0, p, 0], weight_fused[c, p, 0]))
-                T.evaluate(cp_async.copy16(w_s[1, p, 0], weight_fused[c, p, PIECE // 2]))
-                if j % GROUP == GROUP - 1 or j == steps - 1:
-                    cp_async.commit()
-
             acc_d = T.float32(0)
             acc_x = T.float32(0)
             acc_k = T.float32(0)
-            # ---- pass 1: the three sums of the row, group by group as the copies land; each
-            # piece of k, once read, makes room for the piece of v (pass 2's)
+            # ---- pass 1: the three sums of the row, x stashed for pass 2
             for j in T.unroll(steps):
-                p = j * WARP + lane
-                if j % GROUP == 0:
-                    # committed so far: the `groups` x/k/w groups, then one v group per group
-                    # before this one; all but the newest groups - 1 are this one or older
-                    cp_async.wait(groups - 1)
                 for i in T.vectorized(PIECE):
-                    xv[i] = x_s[p, i]
+                    xv[i] = hidden_states[t, c, j * WARP + lane, i]
                 for i in T.vectorized(PIECE):
-                    kv[i] = kv_s[p, i]
-                for i in T.vectorized(PIECE // 2):
-                    wv[i] = w_s[0, p, i]
-                for i in T.vectorized(PIECE // 2):
-                    wv[PIECE // 2 + i] = w_s[1, p, i]
-                T.evaluate(cp_async.copy16(kv_s[p, 0], v[t, p, 0]))
-                if j % GROUP == GROUP - 1 or j == steps - 1:
-                    cp_async.commit()
+                    kv[i] = k[t, c, j * WARP + lane, i]
+                for i in T.vectorized(PIECE):
+                    wv[i] = weight_fused[c, j * WARP + lane, i]
+                for i in T.vectorized(PIECE):
+                    x_stash[c, j, lane, i] = xv[i]
                 for i in T.unroll(PIECE):
                     xf = _f32(xv[i])
                     kf = _f32(kv[i])
@@ -172,12 +138,11 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                     rstd_k[t, c] = r_k
 
             # ---- pass 2: out = x + gate * v
-            cp_async.wait(0)
             for j in T.unroll(steps):
                 for i in T.vectorized(PIECE):
-                    vv[i] = kv_s[j * WARP + lane, i]
+                    vv[i] = v[t, j * WARP + lane, i]
                 for i in T.vectorized(PIECE):
-                    xv[i] = x_s[j * WARP + lane, i]
+                    xv[i] = x_stash[c, j, lane, i]
                 for i in T.unroll(PIECE):
                     ov[i] = T.cast(T.ieee_add(_f32(xv[i]), T.ieee_mul(gate, _f32(vv[i]))), T.bfloat16)
                 for i in T.vectorized(PIECE):

@@ -50,7 +50,6 @@ SCHEMA = Schema(
                 _sample("hidden=2048", 1000, 2048),
                 _sample("hidden=4096", 1000, 4096),
                 _sample("hidden=4096, inference", 1000, 4096, save=False),
-                _sample("hidden=2560 (a short last copy group)", 1000, 2560),
                 _sample("clamp=0.3 (active)", 1000, 2048, clamp=0.3),
                 _sample("eps=1e-6", 300, 4096, eps=1e-6),
             ],
