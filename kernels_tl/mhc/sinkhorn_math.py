@@ -1,6 +1,18 @@
-"""Float32 steps of the Sinkhorn kernels on a token's ``n x n`` matrix held in registers (a
-flat row-major local buffer), each in ``tile_kernels_aot.torch.mhc.sinkhorn_normalize``'s
-exact order: sums left to right, IEEE adds and divisions, torch's CUDA softmax."""
+"""Float32 steps of the Sinkhorn kernels, each in ``tile_kernels_aot.torch.mhc.sinkhorn_normalize``'s
+exact order: sums left to right, IEEE adds and divisions, torch's CUDA softmax.
+
+Two layouts of a token's ``n x n`` matrix:
+
+- per thread: the whole matrix in registers (a flat row-major local buffer), the steps
+  ``softmax_rows`` ... ``softmax_bwd``;
+- per element (``lane_*``): ``lanes_per_matrix(n)`` consecutive lanes of a warp hold one
+  matrix, lane ``e = i * n + j`` its element ``(i, j)`` in a one-element local buffer; a
+  row or column sum gathers the ``n`` values with ``__shfl_sync`` (full mask, sub-warp
+  ``width``) into a local buffer ``r`` and adds them there in the reference's order, so
+  every lane of the row or column computes the same sum and divides only its own element.
+  Every lane of the warp must reach every step (the callers keep tail lanes running on
+  dummy data and only mask their loads and stores).
+"""
 
 from tilelang import language as T
 
@@ -120,3 +132,46 @@ def softmax_bwd(g, p, n):
             dot = T.ieee_add(dot, T.ieee_mul(g[i * n + j], p[i * n + j]))
         for j in T.unroll(n):
             g[i * n + j] = T.ieee_mul(T.ieee_sub(g[i * n + j], dot), p[i * n + j])
+
+
+def lanes_per_matrix(n):
+    """Lanes of one matrix in the per-element layout: ``next_pow2(n * n)``, a divisor of 32
+    for ``n <= 5``."""
+    return _pow2_at_least(n * n)
+
+
+def _seq_sum(r, n):
+    """``((r[0] + r[1]) + r[2]) + ...``, IEEE adds."""
+    acc = r[0]
+    for k in range(1, n):
+        acc = T.ieee_add(acc, r[k])
+    return acc
+
+
+@T.macro
+def lane_gather(r, v, first, stride, n, width):
+    """``r[k] = v`` of the lane ``first + k * stride`` of this matrix, ``k < n``."""
+    for k in T.unroll(n):
+        r[k] = T.shfl_sync(v, first + k * stride, width)
+
+
+@T.macro
+def lane_softmax(v, r, i, n, width):
+    """``v[0]`` (an element of row ``i``) -> its row softmax, in torch's CUDA order (as
+    ``softmax_rows``): every lane of the row computes the row's max and butterfly sum."""
+    top = T.alloc_var(T.float32)
+    lane_gather(r, v[0], i * n, 1, n, width)
+    top = r[0]
+    for k in T.unroll(1, n):
+        top = T.max(top, r[k])
+    for k in T.unroll(n):
+        r[k] = T.exp(T.ieee_sub(r[k], top))
+    v[0] = T.ieee_fdiv(T.exp(T.ieee_sub(v[0], top)), butterfly_sum(r, 0, n))
+
+
+@T.macro
+def lane_normalize(v, r, first, stride, n, width, eps):
+    """``v[0] /= (sum + eps)``, the sum over the ``n`` lanes ``first + k * stride`` left
+    to right: a column step with ``(j, n)``, a row step with ``(i * n, 1)``."""
+    lane_gather(r, v[0], first, stride, n, width)
+    v[0] = T.ieee_fdiv(v[0], T.ieee_add(_seq_sum(r, n), eps))
