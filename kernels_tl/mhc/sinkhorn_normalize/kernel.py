@@ -12,25 +12,30 @@ with every row/column sum left to right and every step a true (IEEE) division.
 
 Design
 ------
-One thread per token: the ``n * n`` values live in registers (``n`` is static, 4 in
-practice: 16 floats, four 16-byte loads and stores), so the ``2 * repeat - 1`` steps run
-without a barrier or a shuffle.  ``repeat`` and ``eps`` are run-time values; the token
-count is dynamic and the element offsets 64-bit.  ``THREADS`` threads per block, so a
-prefill call spreads over many SMs; the op is latency-bound (64 bytes in and out per
-token, ~16 divisions per step).
+One lane per matrix element (``sinkhorn_math``; ``n`` static with ``n * n <= 32``, 4 in
+practice): a token's matrix lives in ``L = next_pow2(n * n)`` consecutive lanes of a warp
+(16 for ``n = 4``, two tokens per warp), lane ``i * n + j`` holding element ``(i, j)``.
+Each step gathers the lane's column or row with ``n`` independent ``__shfl_sync`` (full
+mask, width ``L``), adds them in the reference's order and divides the lane's own
+element: one IEEE division per lane per step on the critical path of ``2 * repeat - 1``
+steps.  Tail lanes (tokens past ``num_tokens``, lanes past ``n * n``) run every step on
+dummy data so that the shuffles see full warps; only their load and store are masked.
+``THREADS`` threads per block (``THREADS / L`` tokens); the token count, ``repeat`` and
+``eps`` are run-time values, element offsets 64-bit.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.mhc.sinkhorn_math import normalize_columns, normalize_rows, softmax_rows
+from kernels_tl.mhc.sinkhorn_math import lane_coords, lane_normalize, lane_softmax, lanes_per_matrix
 
-THREADS = 64
+THREADS = 128
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
 def sinkhorn_normalize_kernel(n):
     nn = n * n
+    lanes = lanes_per_matrix(n)
     num_tokens = T.dynamic("num_tokens", "int64")
 
     @T.prim_func
@@ -40,21 +45,21 @@ def sinkhorn_normalize_kernel(n):
         repeat: T.int32,
         eps: T.float32,
     ):
-        with T.Kernel(T.Cast("int32", T.ceildiv(num_tokens, THREADS)), threads=THREADS) as bid:
+        with T.Kernel(T.Cast("int32", T.ceildiv(num_tokens, THREADS // lanes)), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            token = T.Cast("int64", bid) * THREADS + T.Cast("int64", T.get_thread_binding())
-            y = T.alloc_local((nn,), T.float32)
+            token, lane, e, i, j = lane_coords(bid, T.get_thread_binding(), n, THREADS)
+            v = T.alloc_local((1,), T.float32)
+            r = T.alloc_local((n,), T.float32)
+            v[0] = T.float32(0)
             if token < num_tokens:
-                for k in T.vectorized(nn):
-                    y[k] = x[token, k]
-                softmax_rows(y, n)
-                for k in T.unroll(nn):
-                    y[k] = T.ieee_add(y[k], eps)
-                normalize_columns(y, n, eps)
-                for _ in T.serial(repeat - 1):
-                    normalize_rows(y, n, eps)
-                    normalize_columns(y, n, eps)
-                for k in T.vectorized(nn):
-                    out[token, k] = y[k]
+                v[0] = x[token, e]
+            lane_softmax(v, r, i, n, lanes)
+            v[0] = T.ieee_add(v[0], eps)
+            lane_normalize(v, r, j, n, n, lanes, eps)  # columns
+            for _ in T.serial(repeat - 1):
+                lane_normalize(v, r, i * n, 1, n, lanes, eps)  # rows
+                lane_normalize(v, r, j, n, n, lanes, eps)  # columns
+            if token < num_tokens and lane < nn:
+                out[token, e] = v[0]
 
     return sinkhorn_normalize
