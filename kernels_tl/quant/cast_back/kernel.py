@@ -18,7 +18,8 @@ every load instruction reads contiguous words.
 
 * ``lanes_per_row`` threads per row (one 32-bit division per thread, over the flat thread
   index); a thread owns up to ``ATOMS`` atoms ``lane + k * lanes_per_row`` of its row, all
-  loads (codes and factors) issued before the first use.  The host picks ``lanes_per_row``
+  loads (codes and factors) issued before the first use; factors are kept as the raw words
+  read and decoded (packed byte select) only afterwards, so no load waits for another.  The host picks ``lanes_per_row``
   (fewer atoms per thread for small token counts, so that small calls still fill the GPU).
 * Block sizes are run-time: ``row >> bm_shift`` and ``col >> bk_shift`` select the factor
   (powers of two; a block at least as wide or as tall as the tensor uses shift 31, i.e. index
