@@ -198,7 +198,9 @@ def _rounds_us(loops, n=2500, rounds=10):
     return times
 
 
-def _event_us(fn, reps=20):
+def event_us(fn, reps=20):
+    """Device-and-host time of one ``fn()`` between CUDA events, median over ``reps`` (after
+    one warm-up call)."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -220,7 +222,7 @@ def copy_bandwidth_tbs() -> float:
     dst = torch.empty_like(src)
     for _ in range(1000):
         dst.copy_(src)
-    best = min(_event_us(lambda: dst.copy_(src), reps=20) for _ in range(3))
+    best = min(event_us(lambda: dst.copy_(src), reps=20) for _ in range(3))
     del src, dst
     return 2 * 4 * 256 * 1024 * 1024 / best / 1e6
 
@@ -300,7 +302,7 @@ def bench_op(record, sample, copy_tbs):
             "overhead_alloc_paired_us": statistics.median(a - b for a, b in zip(rounds["alloc"], bare_rounds)),
         })
     ref = samples.reference(record)
-    row["reference_us"] = _event_us(lambda: ref(*args, **kwargs), reps=5)
+    row["reference_us"] = event_us(lambda: ref(*args, **kwargs), reps=5)
     return row, calls, (args, inputs, kwargs)
 
 

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from tile_kernels_aot.bench import capture_graph, graph_replay_us
+from tile_kernels_aot.bench import capture_graph, event_us, graph_replay_us
 
 ENGRAM_TOKENS, ENGRAM_HC, ENGRAM_HIDDEN = 8001, 4, 7168
 MHC_MULT, MHC_HIDDEN = 4, 2560
@@ -40,20 +40,13 @@ def _libraries() -> dict:
 
 def _step_us(step, rounds: int = 5, iters: int = 10) -> float:
     """Device-and-host time of one eager ``step()``: CUDA events around ``iters`` steps, median
-    over ``rounds`` (after two warm-up steps)."""
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    over ``rounds`` (after a warm-up step)."""
+
+    def steps():
         for _ in range(iters):
             step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000 / iters)
-    return statistics.median(times)
+
+    return event_us(steps, reps=rounds) / iters
 
 
 def engram_inputs(tokens: int = ENGRAM_TOKENS, seed: int = 0) -> list:
