@@ -214,6 +214,34 @@ def _complete(defaults: list, values: tuple, named: dict) -> list:
     return list(values) + [named.pop(n, d) for n, d in list(defaults)[len(values):]]
 
 
+def _has_layout(t: torch.Tensor, shape: list, strides) -> bool:
+    """Whether ``t`` has the declared strides (contiguous when None) in every dim of size > 1,
+    the rule the C function applies to a given output."""
+    if strides is None:
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
+    return all(int(n) <= 1 or t.stride(i) == int(st) for i, (n, st) in enumerate(zip(shape, strides)))
+
+
+def _staged_outputs(declarations, values: dict, given: dict) -> dict:
+    """``{name: (given tensor, temporary)}`` for the given outputs whose strides differ from the
+    op's layout: functionalization (``torch.compile`` of a call with ``out=``) hands the out form
+    clones, and a clone of a padded layout (TMA-aligned column-major factors) is compacted.  The
+    op writes a temporary of its own layout, copied into the given tensor."""
+    staged = {}
+    for name, dtype, shape, strides in declarations.evaluate(values):
+        t = given.get(name)
+        if t is None or shape is None or _has_layout(t, shape, strides):
+            continue
+        if list(t.shape) != [int(n) for n in shape] or t.dtype != dtype:
+            continue  # the C function names the mismatch
+        temporary = (torch.empty(shape, dtype=dtype, device=t.device) if strides is None
+                     else torch.empty_strided(shape, strides, dtype=dtype, device=t.device))
+        staged[name] = (t, temporary)
+    return staged
+
+
 def _register(lib, record: dict, spec: dict, public) -> None:
     params = torch_params(record)
     functional, out_form = schemas(record, params)
@@ -240,7 +268,10 @@ def _register(lib, record: dict, spec: dict, public) -> None:
 
     def cuda_out(*values, **named):
         values = _complete(defaults, values, named)
-        public(*_public_call(record, values), **named)
+        staged = _staged_outputs(declarations, dict(zip(names, values)), named)
+        public(*_public_call(record, values), **{**named, **{n: t for n, (_, t) in staged.items()}})
+        for given, temporary in staged.values():
+            given.copy_(temporary)
 
     def meta_out(*values, **named):
         return None

@@ -152,6 +152,34 @@ def test_out_tensors_through_the_torch_path():
     assert result[0] is given[first] and _layout(result[1]) == _layout(made[1])
 
 
+def test_out_form_stages_outputs_whose_padded_layout_a_clone_compacted():
+    """Functionalization (torch.compile of a call with out=) hands the out form clones of the
+    given outputs, and a clone of TMA-aligned column-major factors (rows padded to 4) is dense:
+    the out form then lets the op write a temporary of its own layout and copies it over. A
+    given output of the op's layout, or of another shape (the C function's error), is not."""
+    record = next((r for r in OPS if qualname(r) == "quant.per_block_cast"), None)
+    if record is None:
+        pytest.skip("no quant.per_block_cast in this build")
+    sample = next(s for s in record["samples"] if s["kwargs"].get("use_tma_aligned_col_major_sf")
+                  or "TMA" in s["name"] or "packed" in s["name"])
+    args, kwargs = _cpu_call(record, sample, tokens=200)  # 2 rows of 128-token blocks: padded to 4
+    names = [n for n, _, _ in custom_ops.torch_params(record)]
+    values = dict(zip(names, custom_ops.custom_op_arguments(qualname(record), args, kwargs)[0]))
+    declarations = custom_ops.OutputDeclarations(record)
+    layout = {name: (dtype, shape, strides) for name, dtype, shape, strides in declarations.evaluate(values)}
+    dtype, shape, strides = layout["out_sf"]
+    assert strides is not None and strides[1] > shape[0], "the sample's factors are not padded"
+    own = torch.empty_strided(shape, strides, dtype=dtype)
+    compacted = own.clone()
+    assert compacted.stride() != own.stride()
+    staged = custom_ops._staged_outputs(declarations, values, {"out_sf": compacted})
+    assert set(staged) == {"out_sf"} and staged["out_sf"][0] is compacted
+    assert staged["out_sf"][1].stride() == own.stride() and staged["out_sf"][1].shape == own.shape
+    assert custom_ops._staged_outputs(declarations, values, {"out_sf": own}) == {}
+    wrong = torch.empty(shape[0] + 1, shape[1], dtype=dtype)
+    assert custom_ops._staged_outputs(declarations, values, {"out_sf": wrong}) == {}
+
+
 def test_compile_puts_the_ops_in_one_graph_for_every_token_count():
     """torch.compile(fullgraph=True) over meta tensors: no graph break, one compile for token
     counts 1..8192 (the token dim unbacked, as servers mark it)."""
