@@ -3,7 +3,7 @@
 # that the GPU machine lacks, for CPython 3.12 on x86-64, unpacked into one folder and packed as
 # .whl/upstream-site.tar.xz (~40 MB, under one 64 MiB transfer; as wheels they are ~83 MB).
 # TileLang's AMD composable_kernel headers are left out.  On the GPU machine:
-#   TKA_BENCH_SITE=.whl/upstream-site.tar.xz bash wheels/gpu_run.sh      (carry .whl)
+#   TKA_BENCH_SITE=.whl/upstream-site.tar.xz bash wheels/gpu_run.sh      (.whl beside the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)

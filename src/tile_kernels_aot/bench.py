@@ -360,7 +360,7 @@ def _compile_tilekernels(job):
 def precompile_tilekernels(jobs, workers=None):
     """Compile TileKernels' kernels for ``jobs`` ((op, sample) pairs) in parallel worker
     processes: each compile takes ~7 s of host time, almost all of it outside the GPU, and a
-    serial pass over a family's samples would take most of a device session."""
+    serial pass over a family's samples would take minutes."""
     import concurrent.futures
     import multiprocessing
     import os

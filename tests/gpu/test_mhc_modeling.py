@@ -5,7 +5,7 @@ it) gives the same bits captured in a CUDA graph as eagerly.
 
 The composition is checked bit for bit against the same four kernels called one by one, and
 against the reference chain within ``mhc_pre_norm_fn``'s stated tolerance (its kernel sums the
-projection in another order than the reference: docs/ops.md), carried through the later steps.
+projection in another order than the reference: docs/ops.md), propagated through the later steps.
 """
 
 import pytest

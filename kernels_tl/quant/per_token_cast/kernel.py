@@ -50,8 +50,8 @@ are ``encode(q * (s_in * sf_inv))`` per value.
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1) x ``group``
 (16, 32, 64, 128, 0); bfloat16/float32 x e5m6 x 0; pre-quantized float8_e4m3fn/int8 x
 e4m3/e2m1 x 0: 26 configs.  bf16 -> e4m3, 8192 x 7168, groups of 128: 42.5 us device time on an
-H200, 99% of its copy bandwidth (``notes.md``); the group-16, e5m6 and pre-quantized paths are
-not yet measured on the GPU.
+H200, 99% of its copy bandwidth; e5m6 54.6 us (90%); pre-quantized e4m3 input 53.9 us
+(``notes.md``).
 """
 
 from tilelang import language as T
