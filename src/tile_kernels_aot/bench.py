@@ -357,18 +357,19 @@ def _compile_tilekernels(job):
         pass
 
 
-def precompile_tilekernels(jobs, workers=None):
-    """Compile TileKernels' kernels for ``jobs`` ((op, sample) pairs) in parallel worker
-    processes: each compile takes ~7 s of host time, almost all of it outside the GPU, and a
-    serial pass over a family's samples would take minutes."""
+def in_worker_processes(fn, jobs, workers=None) -> None:
+    """``fn(job)`` for every job, in parallel spawned worker processes (at most ``workers``,
+    default the host's cores less two, up to 12).  Used to JIT-compile TileKernels' kernels ahead
+    of the timed calls: each compile takes ~7 s of host time, almost all of it outside the GPU,
+    and TileLang's on-disk cache hands the result to this process."""
     import concurrent.futures
     import multiprocessing
     import os
 
-    workers = workers or max(1, min(12, (os.cpu_count() or 2) - 2))
+    workers = workers or max(1, min(12, (os.cpu_count() or 2) - 2, len(jobs)))
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        list(pool.map(_compile_tilekernels, jobs))
+        list(pool.map(fn, jobs))
 
 
 def bench_tilekernels(row, args, inputs, kwargs):
@@ -406,7 +407,8 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
     with_tilekernels = _tilekernels_importable()
     if with_tilekernels:
         started = time.perf_counter()
-        precompile_tilekernels([(f"{r['module']}.{r['name']}", s) for r, s in cases if not s.get("host_sync")])
+        in_worker_processes(_compile_tilekernels,
+                            [(f"{r['module']}.{r['name']}", s) for r, s in cases if not s.get("host_sync")])
         print(f"bench: TileKernels compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     copy_tbs = copy_bandwidth_tbs()
     rows, later, skipped = [], [], []

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from tile_kernels_aot.bench import capture_graph, event_us, graph_replay_us
+from tile_kernels_aot.bench import capture_graph, event_us, graph_replay_us, in_worker_processes
 
 ENGRAM_TOKENS, ENGRAM_HC, ENGRAM_HIDDEN = 8001, 4, 7168
 MHC_MULT, MHC_HIDDEN = 4, 2560
@@ -135,18 +135,6 @@ def _run_once(job):
         pass
 
 
-def precompile_tilekernels(mhc_tokens) -> None:
-    """TileKernels' modeling functions compile a dozen kernels on their first calls (~7 s each);
-    each path's pass runs in its own worker process, in parallel (see ``bench.precompile_tilekernels``)."""
-    import concurrent.futures
-    import multiprocessing
-
-    jobs = [("engram", ENGRAM_TOKENS), ("mhc training", mhc_tokens[-1])] + [("mhc", t) for t in mhc_tokens]
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
-        list(pool.map(_run_once, jobs))
-
-
 def bench(mhc_tokens=(128, 8192), iters: int = 50) -> list:
     """Rows ``{variant, num_tokens, us}`` (or ``error``) for every path and library."""
     rows = []
@@ -158,8 +146,9 @@ def bench(mhc_tokens=(128, 8192), iters: int = 50) -> list:
             rows.append({"variant": variant, "num_tokens": tokens, "error": f"{type(e).__name__}: {e}"[:300]})
 
     libs = _libraries()
-    if "TileKernels" in libs:
-        precompile_tilekernels(mhc_tokens)
+    if "TileKernels" in libs:  # its modeling functions JIT-compile a dozen kernels on first calls
+        jobs = [("engram", ENGRAM_TOKENS), ("mhc training", mhc_tokens[-1])] + [("mhc", t) for t in mhc_tokens]
+        in_worker_processes(_run_once, jobs)
     inputs = engram_inputs()
     for label, package in libs.items():
         row(f"Engram gate training step (forward + backward), {label}", ENGRAM_TOKENS,
