@@ -48,9 +48,14 @@ One group per row (``max_row_hidden > 0``, row-major fp32 sf only): one
 256-thread block per row, the row's 16-byte chunks in registers, all loads
 first, then a block max.
 
+Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): the
+same lanes in a grid of at most the resident blocks, each walking row blocks and
+adding its counts once (3 atomics per block instead of per 4 rows); counts and
+positive-bf16 clamps on the packed pairs.
+
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
-{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain``: 16
-configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
+{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
+bf16 x the three group formats with ``plain = 2``: 19 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
 (95% of its copy bandwidth).  Measurements and alternatives: ``notes.md``.
 """
 
