@@ -9,6 +9,7 @@ struct Plan {
   int64_t num_tokens, hidden;  // x is [num_tokens, 2 * hidden]
   int64_t num_sf;              // scale factors per row
   int64_t sf_cols;             // columns of out_sf (packed UE8M0: words of 4 factors)
+  int64_t sms;                 // the device's SMs (the counted kernel's grid), else 0
 };
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
@@ -35,8 +36,15 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   c.sf_format = std::string_view(a.use_packed_ue8m0 ? "ue8m0_col" : a.use_tma_aligned_col_major_sf ? "fp32_col" : "fp32");
   // one group per row: the smallest multiple of 8192 that holds the row
   c.max_row_hidden = npc == 128 ? 0 : align_up(p.hidden, 8192);
-  // no optional input: the kernel with the option flags compiled out
+  // no optional input: the kernel with the option flags compiled out; counted clamps of bf16
+  // in groups of 128: the kernel whose grid is the resident blocks (plain = 2)
   c.plain = (a.pos_to_token_topk.present || a.pos_to_expert.present || !a.swiglu_clamp_value_is_none) ? 0 : 1;
+  p.sms = 0;
+  if (a.clamped_count.present && npc == 128 && a.x.dtype == BF16) {
+    c.plain = 2;
+    p.sms = a.x.device >= 0 ? device_sm_count(op, a.x.device) : 132;
+    if (p.sms < 0) return false;  // the device query failed (error set)
+  }
   return true;
 }
 
@@ -52,7 +60,7 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
-inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   k.x = a.x.data;
   k.out = o.out.data;
   k.out_sf = o.out_sf.data;
@@ -69,6 +77,11 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.num_tokens = p.num_tokens;
   k.hidden_blocks = p.hidden / 128;
   k.sf_stride = o.out_sf.stride[1];  // column-major formats: the token stride of a group
+  // counted kernel: row blocks per grid column, so that the grid is at most the blocks
+  // resident at once (each block walks its row blocks, then adds its counts once)
+  const int64_t row_blocks = ceil_div(p.num_tokens, c.rows_per_block);
+  const int64_t columns = ceil_div(p.hidden / 128, 4);
+  k.row_grid = std::max<int64_t>(1, std::min(row_blocks, p.sms * c.counted_blocks_per_sm / columns));
   return true;
 }
 

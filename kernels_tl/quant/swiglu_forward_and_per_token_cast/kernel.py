@@ -48,9 +48,14 @@ One group per row (``max_row_hidden > 0``, row-major fp32 sf only): one
 256-thread block per row, the row's 16-byte chunks in registers, all loads
 first, then a block max.
 
+Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): the
+same lanes in a grid of at most the resident blocks, each walking row blocks and
+adding its counts once (3 atomics per block instead of per 4 rows); counts and
+positive-bf16 clamps on the packed pairs.
+
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
-{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain``: 16
-configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
+{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
+bf16 x the three group formats with ``plain = 2``: 19 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
 (95% of its copy bandwidth).  Measurements and alternatives: ``notes.md``.
 """
 
@@ -87,9 +92,17 @@ PREFETCH_MAX_LANES = 65536
 REGISTER_CAP = {("bfloat16", "sm_90a"): 32, ("bfloat16", "sm_90a", "ue8m0_col"): 40}
 REGISTER_CAP_DEFAULT = {"bfloat16": 48, "float32": 64}
 ROW_THREADS = 256  # per-row mode: one row per block
+# Counted kernel (``plain = 2``): blocks of ROWS_PER_BLOCK warps, this many per SM (48
+# registers: the sm_100a cap of the group kernel), a grid of at most that many blocks per SM
+# (the host sizes it, see host.h), so a launch makes 3 clamp-count atomics per resident block
+# instead of 3 per 4 rows.
+COUNTED_BLOCKS_PER_SM = 10
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
+COUNTED = 2  # the `plain` value of the clamp-counting kernel (bf16, groups of 128)
+BF16X2_ONES = 0x00010001  # bit 0 of each half: a bf16x2 compare mask -> 1 per true half
+BF16X2_SIGNS = 0x80008000
 # l at or below which the quotient is -0 by contract (expf(-l) >= 2^126 there)
 SILU_ZERO_BELOW = -87.5
 SILU_FLOOR_BF16X2 = 0xC2B1C2B1  # two bf16 -88.5: the floor bf16 gates are raised to
@@ -105,6 +118,24 @@ __device__ __forceinline__ int tka_tid_x() { int v; asm volatile("mov.u32 %0, %%
 __device__ __forceinline__ int tka_ctaid_x() { int v; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v)); return v; }
 __device__ __forceinline__ int tka_ctaid_y() { int v; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v)); return v; }
 __device__ __forceinline__ int tka_ctaid_z() { int v; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v)); return v; }
+__device__ __forceinline__ unsigned tka_bf16x2_gt(unsigned a, unsigned b) {
+  unsigned d; asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ unsigned tka_bf16x2_lt(unsigned a, unsigned b) {
+  unsigned d; asm("set.lt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ unsigned tka_bf16x2_min_nan(unsigned a, unsigned b) {
+  unsigned d; asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+// The largest bf16 <= c (NaN for NaN), in both halves of a word: for every bf16 value l,
+// l > c exactly when l > that bf16, and l < -c exactly when l < its negation.
+__device__ __forceinline__ unsigned tka_bf16x2_floor(float c) {
+  unsigned u = __float_as_uint(c);
+  unsigned h = u >> 16;
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) h = 0x7FC0u;
+  else if ((u & 0xFFFFu) != 0u && (u >> 31) != 0u) h += 1u;  // negative, inexact: away from zero
+  return h | (h << 16);
+}
 """
 
 
@@ -248,13 +279,46 @@ def flush_counts(counts, count_smem, clamped_count, tid, num_warps):
             T.atomic_add(clamped_count[tid], T.Cast(T.int64, total))
 
 
+@T.macro
+def store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, lane2, num_tokens, num_chunks, sf_format):
+    """Store a lane's 16 codes ``q`` and its group's factor (``sf``, or ``sf_exp`` packed):
+    row ``row2``, grid column ``bx2``, lane ``lane2``; nothing past the rows or the chunks."""
+    chunk = bx2 * WARP + lane2  # this lane's channels: [16 * chunk, 16 * chunk + 16)
+    if row2 < num_tokens:  # warp-uniform
+        if chunk < num_chunks:
+            for i in T.vectorized(LANE_CHANNELS):
+                out[row2, chunk * LANE_CHANNELS + i] = q[i]
+        if sf_format == "ue8m0_col":
+            # byte `group % 4` of the row's word `bx`; zero for skipped rows and
+            # for the padding groups past hidden / 128
+            word = T.alloc_var(T.uint32)
+            word = T.if_then_else(chunk < num_chunks and lane2 % LANES_PER_GROUP == 0,
+                                  sf_exp << T.uint32(8 * (lane2 // LANES_PER_GROUP)), T.uint32(0))
+            word = word | T.shfl_xor(word, 8)
+            word = word | T.shfl_xor(word, 16)
+            if lane2 == 0:
+                out_sf[bx2, row2] = T.reinterpret(word, T.int32)
+        elif chunk < num_chunks and lane2 % LANES_PER_GROUP == 0:
+            if sf_format == "fp32":
+                out_sf[row2, chunk // LANES_PER_GROUP] = sf
+            else:
+                out_sf[chunk // LANES_PER_GROUP, row2] = sf
+
+
+def host_constants(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int) -> dict:
+    """Blocks per SM of the counted kernel: the host sizes its grid to the resident blocks."""
+    return {"rows_per_block": ROWS_PER_BLOCK, "counted_blocks_per_sm": COUNTED_BLOCKS_PER_SM}
+
+
 def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int):
     assert in_dtype in ("bfloat16", "float32"), in_dtype
     assert sf_format in SF_FORMATS, sf_format
-    assert plain in (0, 1), plain
+    assert plain in (0, 1, COUNTED), plain
     per_row = max_row_hidden > 0
     if per_row:
         assert sf_format == "fp32", "one group per row supports row-major fp32 sf only"
+    if plain == COUNTED:
+        assert in_dtype == "bfloat16" and not per_row, "the counted kernel is bf16, groups of 128"
     elem_bytes = 2 if in_dtype == "bfloat16" else 4
 
     num_tokens = T.dynamic("num_tokens")
@@ -275,6 +339,8 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
     else:  # int32 words of four UE8M0 bytes, column-major
         sf_shape, sf_dtype = (T.ceildiv(hidden_blocks, GROUPS_PER_WARP), sf_stride), T.int32
 
+    if plain == COUNTED:
+        return _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape, sf_dtype)
     if per_row:
         body = _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks)
     else:
@@ -417,27 +483,7 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             bx2 = T.call_extern(T.int32, "tka_ctaid_x")
             row2 = ((T.call_extern(T.int32, "tka_ctaid_z") * MAX_GRID_Y + T.call_extern(T.int32, "tka_ctaid_y"))
                     * ROWS_PER_BLOCK + t2 // WARP)
-            lane2 = t2 % WARP
-            chunk = bx2 * WARP + lane2  # this lane's channels: [16 * chunk, 16 * chunk + 16)
-            if row2 < num_tokens:  # warp-uniform
-                if chunk < num_chunks:
-                    for i in T.vectorized(V):
-                        out[row2, chunk * V + i] = q[i]
-                if sf_format == "ue8m0_col":
-                    # byte `group % 4` of the row's word `bx`; zero for skipped rows and
-                    # for the padding groups past hidden / 128
-                    word = T.alloc_var(T.uint32)
-                    word = T.if_then_else(chunk < num_chunks and lane2 % LANES_PER_GROUP == 0,
-                                          sf_exp << T.uint32(8 * (lane2 // LANES_PER_GROUP)), T.uint32(0))
-                    word = word | T.shfl_xor(word, 8)
-                    word = word | T.shfl_xor(word, 16)
-                    if lane2 == 0:
-                        out_sf[bx2, row2] = T.reinterpret(word, T.int32)
-                elif chunk < num_chunks and lane2 % LANES_PER_GROUP == 0:
-                    if sf_format == "fp32":
-                        out_sf[row2, chunk // LANES_PER_GROUP] = sf
-                    else:
-                        out_sf[chunk // LANES_PER_GROUP, row2] = sf
+            store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, t2 % WARP, num_tokens, num_chunks, sf_format)
 
             if clamp_mode == CLAMP_AND_COUNT:
                 flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
@@ -533,3 +579,144 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
                 flush_counts(counts, count_smem, clamped_count, tid, num_warps)
 
     return body
+
+
+def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape, sf_dtype):
+    """The clamp-counting kernel (``plain = 2``; bf16, groups of 128).
+
+    The lane layout and the math of ``_group_body``, in a grid of ``row_grid`` row blocks per
+    grid column (at most ``COUNTED_BLOCKS_PER_SM`` blocks per SM, sized by the host): block
+    ``by`` takes row blocks ``by, by + row_grid, ...``, and adds its counts to
+    ``clamped_count`` once at the end (one block reduction, 3 atomics).  The counts are taken
+    on the raw bf16 pairs (``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down to bf16,
+    which decides ``l > c`` and ``r < -c`` exactly for bf16 values), 16-bit halves summed per
+    row.  A clamp value that is a positive bf16 (0.5, 10, ...) clamps the packed pairs with
+    ``min.NaN`` / ``max.NaN.bf16x2`` (equal to the selects there: no signed-zero or NaN bound)
+    and runs the unclamped loop; any other value the selects of ``swiglu_values``.
+    """
+    hidden = hidden_blocks * GROUP
+    num_chunks = hidden_blocks * LANES_PER_GROUP
+    num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
+    V = LANE_CHANNELS
+    W = V // 2  # bf16 pairs per lane and half
+
+    @T.macro
+    def loop(xl, xr, v, w, has_weights, mode, c, counts, tmp, fast):
+        if has_weights != 0:
+            swiglu_values(xl, xr, v, 0, W, True, w, True, mode, c, counts, tmp, fast)
+        else:
+            swiglu_values(xl, xr, v, 0, W, True, w, False, mode, c, counts, tmp, fast)
+
+    @T.prim_func
+    def swiglu_forward_and_per_token_cast(
+        x: T.Tensor((num_tokens, hidden * 2), T.bfloat16),
+        out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        out_sf: T.Tensor(sf_shape, sf_dtype),
+        pos_to_token_topk: T.Tensor((num_tokens,), T.int32),
+        topk_weights: T.Tensor((num_weights,), T.float32),
+        pos_to_expert: T.Tensor((num_tokens,), T.int32),
+        clamped_count: T.Tensor((3,), T.int64),
+        has_weights: T.int32,
+        has_pos_to_expert: T.int32,
+        swiglu_clamp_value: T.float32,
+        round_sf: T.int32,
+        sf_clamp_min: T.float32,
+        row_grid: T.int32,  # row blocks per grid column, 1 <= row_grid <= ceil(num_tokens / 4)
+    ):
+        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), row_grid, threads=ROWS_PER_BLOCK * WARP) as (bx, by):
+            wait_for_previous_grid()  # programmatic dependent launch
+            T.annotate_min_blocks_per_sm(COUNTED_BLOCKS_PER_SM)
+            T.import_source(DEVICE_SOURCE)
+            tid = T.get_thread_binding()
+            lane = tid % WARP
+            x = T.view(x, (num_tokens, hidden), T.uint32)  # bf16 pairs (keeps the parameter `x`)
+
+            xl = T.alloc_local((W,), T.uint32)
+            xr = T.alloc_local((W,), T.uint32)
+            v = T.alloc_local((V,), T.float32)
+            q = T.alloc_local((V,), T.float8_e4m3fn)
+            counts = T.alloc_local((3,), T.int32)  # the lane's totals: l > c, r > c, r < -c
+            hits = T.alloc_local((3,), T.uint32)  # one row's counts, in two 16-bit halves
+            tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
+            count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
+            row = T.alloc_var(T.int32)
+            src = T.alloc_var(T.int32)
+            keep = T.alloc_var(T.bool)
+            w = T.alloc_var(T.float32)
+            c_floor = T.alloc_var(T.uint32)
+            packed_clamp = T.alloc_var(T.bool)
+            amax = T.alloc_var(T.float32)
+            sf = T.alloc_var(T.float32)
+            sf_inv = T.alloc_var(T.float32)
+            sf_exp = T.alloc_var(T.uint32)
+            for j in T.unroll(3):
+                counts[j] = 0
+            c_floor = T.call_extern(T.uint32, "tka_bf16x2_floor", swiglu_clamp_value)
+            # c a positive bf16 value: the clamps are bf16x2 min/max on the packed words (then
+            # c_floor holds c itself)
+            packed_clamp = swiglu_clamp_value > T.float32(0.0) and (
+                T.reinterpret(swiglu_clamp_value, T.uint32) & T.uint32(0xFFFF)) == T.uint32(0)
+
+            for it in T.serial(T.ceildiv(num_row_blocks - by, row_grid)):
+                row = (by + it * row_grid) * ROWS_PER_BLOCK + tid // WARP
+                keep = row < num_tokens
+                if has_pos_to_expert != 0 and keep:
+                    keep = pos_to_expert[row] >= 0
+                if keep:  # warp-uniform
+                    w = T.float32(1.0)
+                    if has_weights != 0:
+                        pos = pos_to_token_topk[row]
+                        w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+                    # lanes past the row read its last chunk again (and count nothing)
+                    src = T.min(bx * WARP + lane, num_chunks - 1)
+                    for i in T.vectorized(W):
+                        xl[i] = x[row, src * W + i]
+                    for i in T.vectorized(W):
+                        xr[i] = x[row, hidden // 2 + src * W + i]
+                    for j in T.unroll(3):
+                        hits[j] = T.uint32(0)
+                    for p in T.unroll(W):
+                        hits[0] += T.call_extern(T.uint32, "tka_bf16x2_gt", xl[p], c_floor) & T.uint32(BF16X2_ONES)
+                        hits[1] += T.call_extern(T.uint32, "tka_bf16x2_gt", xr[p], c_floor) & T.uint32(BF16X2_ONES)
+                        hits[2] += T.call_extern(T.uint32, "tka_bf16x2_lt", xr[p], c_floor ^ T.uint32(BF16X2_SIGNS)) \
+                            & T.uint32(BF16X2_ONES)
+                    for j in T.unroll(3):
+                        counts[j] += T.if_then_else(bx * WARP + lane < num_chunks,
+                                                    T.Cast(T.int32, (hits[j] & T.uint32(0xFFFF)) + (hits[j] >> T.uint32(16))),
+                                                    0)
+                    # gates raised to -88.5 (NaN kept): the fast divide is exact for all of them
+                    for p in T.unroll(W):
+                        xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
+                    if packed_clamp:  # uniform
+                        for p in T.unroll(W):
+                            xl[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan", xl[p], c_floor)
+                            xr[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan",
+                                                  bf16x2_max_nan(xr[p], c_floor ^ T.uint32(BF16X2_SIGNS)), c_floor)
+                        loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, True)
+                    elif swiglu_clamp_value > -FAST_DIV_LIMIT:  # a clamp only lowers l
+                        loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, True)
+                    else:
+                        loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, False)
+
+                    amax = T.float32(0.0)
+                    for i in T.unroll(V):
+                        amax = max_nan(amax, T.abs(v[i]))
+                    for s in T.unroll(3):  # the group's 8 lanes
+                        amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
+                    sf_val, sf_inv_val, sf_exp_val = scale_factor(
+                        amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
+                    sf = sf_val
+                    sf_inv = sf_inv_val
+                    sf_exp = sf_exp_val
+                    for i in T.vectorized(V):
+                        q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
+                else:  # skipped or past the end: zeros
+                    sf = T.float32(0.0)
+                    sf_exp = T.uint32(0)
+                    for i in T.vectorized(V):
+                        q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
+                store_lane(out, out_sf, q, sf, sf_exp, row, bx, lane, num_tokens, num_chunks, sf_format)
+
+            flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
+
+    return swiglu_forward_and_per_token_cast

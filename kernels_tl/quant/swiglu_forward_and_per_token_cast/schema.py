@@ -1,6 +1,7 @@
 """quant.swiglu_forward_and_per_token_cast: one kernel per (input dtype, scale-factor format,
 row mode, plain); the token count, hidden size and the options' values are run-time values.
-``plain`` configs have the option flags compiled out: calls without optional inputs run them."""
+``plain`` configs have the option flags compiled out: calls without optional inputs run them;
+``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), see kernel.py."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Routed, Routing, Sample, Schema, Str, Tensor
 
@@ -63,6 +64,18 @@ SCHEMA = Schema(
                 _upstream_moe_sample("upstream MoE, packed UE8M0"),
                 _upstream_moe_sample("upstream MoE, packed UE8M0, clamp 0.5", swiglu_clamp_value=0.5,
                                      clamped_count=Randint([3], "int64", 0, 1)),
+                # the counted kernel (plain = 2): the select clamps (0.3 is no bf16 value) with
+                # weights, about 22 row blocks per block; the IEEE-divide copy (c <= -64) with
+                # padding lanes (hidden 640: 5 groups in 2 grid columns); the packed clamps with
+                # weights and row-major fp32 factors; counters that start non-zero
+                _moe_sample("MoE, weights, clamp 0.3 counted, hidden 7168", 8192, 7168, use_tma_aligned_col_major_sf=True,
+                            round_sf=True, use_packed_ue8m0=True, swiglu_clamp_value=0.3,
+                            clamped_count=Randint([3], "int64", 0, 1000)),
+                _moe_sample("MoE, clamp -70 counted, hidden 640", 1000, 640, use_tma_aligned_col_major_sf=True,
+                            round_sf=True, use_packed_ue8m0=True, swiglu_clamp_value=-70.0,
+                            clamped_count=Randint([3], "int64", 0, 1000)),
+                _moe_sample("MoE, weights, clamp 2 counted, fp32 sf", 2000, 1024, swiglu_clamp_value=2.0,
+                            clamped_count=Randint([3], "int64", 0, 1000)),
                 Sample("one group per row", 300, [Randn(["T", 2 * 7168], "bfloat16"), "e4m3", 7168]),
                 Sample("fp32, column-major sf", 500, [Randn(["T", 2048], "float32"), "e4m3", 128],
                        {"use_tma_aligned_col_major_sf": True}),
