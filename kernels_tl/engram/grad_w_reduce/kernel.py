@@ -97,10 +97,7 @@ def grad_w_reduce_kernel():
             ring = T.alloc_shared((STAGES, ROWS, WARP, VEC), T.float32)
             vals = T.alloc_local((VEC,), T.float32)
             total = T.alloc_local((VEC,), T.float32)
-            wh = T.alloc_local((VEC,), T.float32)
-            we = T.alloc_local((VEC,), T.float32)
-            gwh = T.alloc_local((VEC,), T.float32)
-            gwe = T.alloc_local((VEC,), T.float32)
+            side = T.alloc_local((4, VEC), T.float32)  # weight_hidden, weight_embed, and their gradients
             groups = T.ceildiv(num_rows, ROWS)
 
             # ---- the first STAGES groups in flight
@@ -109,16 +106,14 @@ def grad_w_reduce_kernel():
 
             # ---- the weights and the gradients (their latency overlaps the rows')
             for i in T.unroll(VEC):
-                wh[i] = T.float32(0)
-                we[i] = T.float32(0)
-                gwh[i] = T.float32(0)
-                gwe[i] = T.float32(0)
                 total[i] = T.float32(0)
+                for s in T.unroll(4):
+                    side[s, i] = T.float32(0)
                 if col0 + i < num_cols:
-                    wh[i] = T.cast(weight_hidden[col0 + i], T.float32)
-                    we[i] = T.cast(weight_embed[col0 + i], T.float32)
-                    gwh[i] = grad_weight_hidden[col0 + i]
-                    gwe[i] = grad_weight_embed[col0 + i]
+                    side[0, i] = T.cast(weight_hidden[col0 + i], T.float32)
+                    side[1, i] = T.cast(weight_embed[col0 + i], T.float32)
+                    side[2, i] = grad_weight_hidden[col0 + i]
+                    side[3, i] = grad_weight_embed[col0 + i]
 
             # ---- one group at a time: wait, add its rows in order, refill its slots
             for b in T.serial(groups):
@@ -133,7 +128,7 @@ def grad_w_reduce_kernel():
 
             for i in T.unroll(VEC):
                 if col0 + i < num_cols:
-                    grad_weight_hidden[col0 + i] = T.ieee_add(gwh[i], T.ieee_mul(total[i], we[i]))
-                    grad_weight_embed[col0 + i] = T.ieee_add(gwe[i], T.ieee_mul(total[i], wh[i]))
+                    grad_weight_hidden[col0 + i] = T.ieee_add(side[2, i], T.ieee_mul(total[i], side[1, i]))
+                    grad_weight_embed[col0 + i] = T.ieee_add(side[3, i], T.ieee_mul(total[i], side[0, i]))
 
     return grad_w_reduce
