@@ -32,7 +32,8 @@ uses them: one group with g and v, then one group per piece with x and k.  Per t
    ``grad_v`` (the four streams' g of its pieces, in stream order); warp butterfly, warp sums
    to shared memory, barrier, the stream's sum ``(w0 + w1) + (w2 + w3)``, ``r``;
 3. the thread copies its share of the next token's v row (retired by the barrier of step 2);
-   per piece ``j``: w (4 * 4 * H bytes, L2-resident) from global, wait for the piece's x/k
+   per piece ``j``: w (4 * 4 * H bytes, L2-resident) of piece ``j + 1`` from global into
+   registers (piece 0's was requested before the barrier of step 2), wait for the piece's x/k
    group, x, k, g from shared memory, ``grad_x``, ``grad_k`` (16-byte stores), the
    weight-gradient terms; the piece's g slot then takes the next token's piece.  After the
    loop the next token's g and v close one group, and its x and k pieces follow, one group
@@ -125,6 +126,7 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
             wv = T.alloc_local((PIECE,), T.float32)
+            wn = T.alloc_local((PIECE,), T.float32)  # w of the next piece, loaded a piece ahead
             ox = T.alloc_local((PIECE,), T.bfloat16)
             ok = T.alloc_local((PIECE,), T.bfloat16)
             acc_w = T.alloc_local((steps, PIECE), T.float32)
@@ -201,6 +203,9 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                     dl = dl + T.shfl_xor(dl, 16 >> s)
                 if tid % WARP == 0:
                     warp_sums[warp] = dl
+                # w of step 3's first piece: its L2 latency under the barrier
+                for i in T.vectorized(PIECE):
+                    wn[i] = weight_fused[c, lane, i]
                 # every read of v and of other threads' g for this token is done past this barrier
                 T.sync_threads()
                 dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
@@ -222,7 +227,10 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                 for j in T.unroll(steps):
                     p = j * LANES + lane
                     for i in T.vectorized(PIECE):
-                        wv[i] = weight_fused[c, p, i]
+                        wv[i] = wn[i]
+                    if j + 1 < steps:
+                        for i in T.vectorized(PIECE):
+                            wn[i] = weight_fused[c, p + LANES, i]
                     # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
                     cp_async.wait(steps - 1 - j)
                     for i in T.vectorized(PIECE):
