@@ -23,17 +23,25 @@ register of the thread that owns the column.  512 threads: warps ``4c .. 4c+3`` 
 ``c``; lane ``l`` of the stream owns the 16-byte pieces ``j * 128 + l`` (``j < H / 1024``) of
 the stream's rows, ``8 * H / 1024`` weight-gradient accumulators.  A token's g, x and k rows
 and its v row (``26 * H`` bytes: 182 KB at H 7168) sit in shared memory, filled by ``cp.async``
-(each thread copies its own pieces of g, x and k, and a share of v).  Per token:
+(each thread copies its own pieces of g, x and k, and a share of v) in the order the token
+uses them: one group with g and v, then one group per piece with x and k.  Per token:
 
-1. wait for the token's copies, barrier;
+1. wait for the token's g and v group (its ``steps`` x/k groups may still be in flight),
+   barrier;
 2. ``dl`` partial sums (own g pieces, v) in the reference's order, and the thread's share of
    ``grad_v`` (the four streams' g of its pieces, in stream order); warp butterfly, warp sums
    to shared memory, barrier, the stream's sum ``(w0 + w1) + (w2 + w3)``, ``r``;
-3. per piece: x, k, g from shared memory and w (4 * 4 * H bytes, L2-resident) from global,
-   ``grad_x``, ``grad_k`` (16-byte stores), the weight-gradient terms; the piece's slots of g,
-   x and k are then free, and the thread copies the next token's pieces into them (after the
-   loop also its share of the next v row): the whole next token is in flight during step 3
-   and until the next token's step 1.
+3. the thread copies its share of the next token's v row (retired by the barrier of step 2);
+   per piece ``j``: w (4 * 4 * H bytes, L2-resident) of piece ``j + 1`` from global into
+   registers (piece 0's was requested before the barrier of step 2), wait for the piece's x/k
+   group, x, k, g from shared memory, ``grad_x``, ``grad_k`` (16-byte stores), the
+   weight-gradient terms; the piece's g slot then takes the next token's piece.  After the
+   loop the next token's g and v close one group, and its x and k pieces follow, one group
+   per piece.
+
+So the next token's g and v are in flight during step 3 and its x and k from the end of step
+3, through the next token's steps 1 and 2 and into its step 3, which starts on its first
+piece while the later ones land: the SM always has loads in flight.
 
 Every shared slot of g, x and k is read back by the thread that filled it, except g in
 ``grad_v`` and v in step 2, which the barrier of step 1 makes visible and the barrier of step
@@ -118,6 +126,7 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
             wv = T.alloc_local((PIECE,), T.float32)
+            wn = T.alloc_local((PIECE,), T.float32)  # w of the next piece, loaded a piece ahead
             ox = T.alloc_local((PIECE,), T.bfloat16)
             ok = T.alloc_local((PIECE,), T.bfloat16)
             acc_w = T.alloc_local((steps, PIECE), T.float32)
@@ -141,17 +150,20 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                 for i in T.unroll(PIECE):
                     acc_w[j, i] = T.float32(0)
 
-            # ---- the chunk's first token in flight
+            # ---- the chunk's first token in flight: g and v (one group), then x and k piece by piece
+            # (one group per piece), the order in which the token uses them
             if t_start < t_end:
                 for j in T.unroll(steps):
-                    p = j * LANES + lane
-                    T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t_start, c, p, 0]))
-                    T.evaluate(cp_async.copy16(x_s[c, p, 0], hidden_states[t_start, c, p, 0]))
-                    T.evaluate(cp_async.copy16(k_s[c, p, 0], k[t_start, c, p, 0]))
+                    T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t_start, c, j * LANES + lane, 0]))
                 for m in T.unroll(share):
                     if m * THREADS + tid < pieces:
                         T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t_start, m * THREADS + tid, 0]))
             cp_async.commit()
+            for j in T.unroll(steps):
+                if t_start < t_end:
+                    T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t_start, c, j * LANES + lane, 0]))
+                    T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t_start, c, j * LANES + lane, 0]))
+                cp_async.commit()
 
             for t in T.serial(t_start, t_end):
                 # the token's saved values (their latency overlaps the wait)
@@ -161,8 +173,9 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                 rk = rstd_k[t, c]
                 for h in T.unroll(HC):
                     gates[h] = gate_score[t, h]
-                # ---- 1. the token's rows have landed (each thread its copies; the barrier: all)
-                cp_async.wait(0)
+                # ---- 1. the token's g and v have landed (each thread its copies; the barrier: all);
+                # the token's x and k pieces (the last `steps` groups) may still be in flight
+                cp_async.wait(steps)
                 T.sync_threads()
                 # ---- 2. dL/dgate partial sums; grad_v = sum over streams of g * gate, in stream order
                 dl = T.float32(0)
@@ -190,6 +203,9 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                     dl = dl + T.shfl_xor(dl, 16 >> s)
                 if tid % WARP == 0:
                     warp_sums[warp] = dl
+                # w of step 3's first piece: its L2 latency under the barrier
+                for i in T.vectorized(PIECE):
+                    wn[i] = weight_fused[c, lane, i]
                 # every read of v and of other threads' g for this token is done past this barrier
                 T.sync_threads()
                 dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
@@ -200,11 +216,23 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                     dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
                 dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
                 dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
-                # ---- 3. grad_x, grad_k, weight-gradient terms; each freed slot takes the next token's piece
+                # ---- 3. the next token's v share (its slots retired by the barrier above); then per
+                # piece: grad_x, grad_k, weight-gradient terms, and the freed g slot takes the next
+                # token's piece.  Past the loop: the next token's g and v close one group, and its x
+                # and k pieces follow, one group per piece.
+                if t + 1 < t_end:
+                    for m in T.unroll(share):
+                        if m * THREADS + tid < pieces:
+                            T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
                 for j in T.unroll(steps):
                     p = j * LANES + lane
                     for i in T.vectorized(PIECE):
-                        wv[i] = weight_fused[c, p, i]
+                        wv[i] = wn[i]
+                    if j + 1 < steps:
+                        for i in T.vectorized(PIECE):
+                            wn[i] = weight_fused[c, p + LANES, i]
+                    # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
+                    cp_async.wait(steps - 1 - j)
                     for i in T.vectorized(PIECE):
                         xv[i] = x_s[c, p, i]
                     for i in T.vectorized(PIECE):
@@ -213,8 +241,6 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                         gv[i] = g_s[c, p, i]
                     if t + 1 < t_end:
                         T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t + 1, c, p, 0]))
-                        T.evaluate(cp_async.copy16(x_s[c, p, 0], hidden_states[t + 1, c, p, 0]))
-                        T.evaluate(cp_async.copy16(k_s[c, p, 0], k[t + 1, c, p, 0]))
                     for i in T.unroll(PIECE):
                         xf = _f32(xv[i])
                         kf = _f32(kv[i])
@@ -227,11 +253,12 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                         grad_x[t, c, p, i] = ox[i]
                     for i in T.vectorized(PIECE):
                         grad_k[t, c, p, i] = ok[i]
-                if t + 1 < t_end:
-                    for m in T.unroll(share):
-                        if m * THREADS + tid < pieces:
-                            T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
                 cp_async.commit()
+                for j in T.unroll(steps):
+                    if t + 1 < t_end:
+                        T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t + 1, c, j * LANES + lane, 0]))
+                        T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t + 1, c, j * LANES + lane, 0]))
+                    cp_async.commit()
 
             # ---- the chunk's weight-gradient sums (zeros for an empty chunk)
             for j in T.unroll(steps):

@@ -33,6 +33,8 @@ SCHEMA = Schema(
                 _sample("hidden=4096", 132, 4, 4096),
                 _sample("P=148 (B200), hc=2", 148, 2, 1024),
                 _sample("P=5", 5, 4, 512),
+                _sample("P=300 (ring refills)", 300, 4, 1024),
+                _sample("P=200, hc=3, hidden=1001 (4-byte copies, ring refills)", 200, 3, 1001),
             ],
             token_dim=None,
             doc=("grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> "
