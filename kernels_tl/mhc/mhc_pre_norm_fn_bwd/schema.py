@@ -14,7 +14,10 @@ def _args(hidden: int, accumulate: bool = False) -> list:
     return args + ([Randn(["T", M, hidden], "bfloat16")] if accumulate else [])
 
 
-# TileKernels 1.0.0 tests/mhc/test_norm_fn.py: n1 in {4096, 8192} x hidden {1280, 2560, 7168}
+# TileKernels 1.0.0 tests/mhc/test_norm_fn.py: n1 in {4096, 8192} x hidden {1280, 2560, 7168}.
+# The host's cluster size (host.h pick_cluster, 132 SMs): 1 at decode, 1000 x 2048 / 4096, 77 and
+# one token; 2 at 4096 / 8192 x 7168; 4 at 1000 / 4096 / 8192 x 2560; 8 at 4096 / 8192 x 1280 and
+# 4100 x 1280 (a partial last tile)
 _SAMPLES = [
     Sample("decode", 128, _args(7168)),
     Sample("prefill", 8192, _args(7168)),
