@@ -116,3 +116,51 @@ def test_only_token_leading_tensors_are_flattened():
     assert _impl._token_params(record) == {"input_mixes"}
     if "mhc_pre_apply_mix_bwd" in _built():  # an optional per-token input (absent from some samples)
         assert "x_grad" in _impl._token_params(manifest.op("mhc.mhc_pre_apply_mix_bwd"))
+
+
+def test_outputs_without_the_token_dim_keep_their_shape():
+    """A kernel's outputs are given the caller's leading dims back only when they have the token
+    dim: the norm-fn backward's projection gradient and the split mixes' scale and base
+    gradients are returned as they are."""
+    from tile_kernels_aot import manifest
+
+    built = _built()
+    if "mhc_pre_norm_fn_bwd_mul" in built:
+        record = manifest.op("mhc.mhc_pre_norm_fn_bwd_mul")
+        firsts = _impl._token_params(record) | {record["params"][0]["name"]}
+        assert _impl._token_outputs(record, firsts) == {"x_grad_out"}
+    if "mhc_pre_split_mixes_bwd" in built:
+        record = manifest.op("mhc.mhc_pre_split_mixes_bwd")
+        assert _impl._token_outputs(record, _impl._token_params(record)) == {"input_mixes_grad"}
+
+
+def test_norm_fn_backward_runs_its_k_wide_part_on_the_kernel():
+    """``mhc_pre_norm_fn_bwd`` (the public backward, and ``MHCPreNormFn``'s off the kernel's
+    inputs) composes the per-token part in PyTorch with ``mhc_pre_norm_fn_bwd_mul``, which
+    resolves to the kernel where built; ``MHCPreNormFn.backward`` calls that kernel directly on
+    CUDA bf16 inputs.  On CPU tensors the results are the reference's, leading dims kept."""
+    if "mhc_pre_norm_fn_bwd_mul" not in _built():
+        pytest.skip("this build has no mhc.mhc_pre_norm_fn_bwd_mul")
+    from tile_kernels_aot.modeling.mhc.ops import norm_fn
+
+    assert _impl.sources()["mhc_pre_norm_fn_bwd_mul"] == "kernel"
+    assert _impl.sources()["mhc_pre_norm_fn_bwd"] == "kernel steps"
+    composed = _impl.impl.mhc_pre_norm_fn_bwd
+    assert composed.__globals__["mhc_pre_norm_fn_bwd_mul"] is _impl.impl.mhc_pre_norm_fn_bwd_mul
+    assert "mhc_pre_norm_fn_bwd_mul" in norm_fn._pre_norm_fn_bwd.__code__.co_names
+    gen = torch.Generator().manual_seed(11)
+    m, h = 4, 64
+    res = torch.randn(2, 3, m, h, generator=gen).bfloat16()
+    fn = torch.randn(m * (m + 2), m * h, generator=gen)
+    w = torch.rand(m * h, generator=gen)
+    og = torch.randn(2, 3, m * (m + 2), generator=gen)
+    acc = torch.randn(2, 3, m, h, generator=gen).bfloat16()
+    for weight, x_grad in ((None, None), (w, acc)):
+        got = composed(og, res, fn, weight, 1e-6, x_grad)
+        want = ref.mhc_pre_norm_fn_bwd(og, res, fn, weight, 1e-6, x_grad)
+        assert all((g is None and v is None) or torch.equal(g, v) for g, v in zip(got, want))
+    ug, sg = og[0], og[0, :, 0].contiguous()
+    got = _impl.impl.mhc_pre_norm_fn_bwd_mul(ug, sg, res[0], fn, acc[0])
+    want = ref.mhc_pre_norm_fn_bwd_mul(ug, sg, res[0], fn, acc[0])
+    assert got[0].shape == res[0].shape and got[1].shape == fn.shape
+    assert all(torch.equal(g, v) for g, v in zip(got, want))

@@ -559,3 +559,29 @@ def test_pre_big_fuse_equals_composition():
         ref.mhc_pre_big_fuse(res, fn[:20], scale, base, 1e-6, 1e-6, 1e-6, 2.0, 10)
     with pytest.raises(ValueError, match="mhc_scale"):
         ref.mhc_pre_big_fuse(res, fn, scale[:2], base, 1e-6, 1e-6, 1e-6, 2.0, 10)
+
+
+def test_norm_fn_backward_from_the_saved_output():
+    """The per-token part from ``out = u * r`` and ``S`` equals the docstring's formula from
+    ``u``, and the K-wide part (``mhc_pre_norm_fn_bwd_mul``) equals a per-token loop, in
+    float64."""
+    gen = torch.Generator().manual_seed(3)
+    m, h, n = 4, 16, 5
+    k, m3 = m * h, m * (m + 2)
+    x = torch.randn(n, m, h, generator=gen, dtype=torch.float64)
+    fn = torch.randn(m3, k, generator=gen, dtype=torch.float64)
+    g = torch.randn(n, m3, generator=gen, dtype=torch.float64)
+    flat = x.reshape(n, k)
+    s = (flat * flat).sum(-1)
+    r = (s / k + 1e-6).rsqrt()
+    u = flat @ fn.t()
+    ug, sg = ref._norm_fn_bwd_norm(g, u * r[:, None], s, k, 1e-6)
+    torch.testing.assert_close(ug, g * r[:, None], rtol=1e-12, atol=0)
+    torch.testing.assert_close(sg, -0.5 * (g * u).sum(-1) * r / (s + 1e-6 * k), rtol=1e-12, atol=1e-15)
+    acc = torch.randn(n, m, h, generator=gen, dtype=torch.float64)
+    xg, fg = ref.mhc_pre_norm_fn_bwd_mul(ug, sg, x, fn, acc)
+    for t in range(n):
+        want = acc[t].reshape(k) + sum(ug[t, j] * fn[j] for j in range(m3)) + 2 * flat[t] * sg[t]
+        torch.testing.assert_close(xg[t].reshape(k), want, rtol=1e-12, atol=1e-12)
+    want = sum(ug[t][:, None] * flat[t][None, :] for t in range(n))
+    torch.testing.assert_close(fg, want, rtol=1e-12, atol=1e-12)

@@ -65,3 +65,60 @@ def test_mhc_layer_path_in_a_cuda_graph_matches_eager(tokens):
         graph.replay()
         torch.cuda.synchronize()
     assert_bits_equal(out, eager)
+
+
+def _close_to_largest(got, want, rtol, atol):
+    """``|got - want| <= rtol * |want| + atol * max|want|`` (the ops' tolerance rule)."""
+    got, want = got.double(), want.double()
+    bound = rtol * want.abs() + atol * want.abs().max()
+    assert bool(((got - want).abs() <= bound).all()), float(((got - want).abs() - bound).max())
+
+
+@pytest.mark.parametrize("tokens", [128, 8192])
+@pytest.mark.parametrize("weight", [False, True])
+def test_norm_fn_backward_on_the_kernel(tokens, weight):
+    """``mhc_pre_norm_fn``'s autograd backward on CUDA bf16 (``S`` from one float32 reduction,
+    the per-token part from the saved output, ``mhc_pre_norm_fn_bwd_mul`` on its kernel) agrees
+    with the same steps on the references within the kernel's stated tolerance (docs/ops.md),
+    and with the reference backward within TF32 (the saved output comes from the forward
+    kernel's TF32 projection, which moves ``S_grad`` by ~2^-11 relative); the public backward
+    (``impl.mhc_pre_norm_fn_bwd``: the reference's composition with the K-wide part on the
+    kernel) agrees with the reference within the kernel's tolerance."""
+    if _impl.sources().get("mhc_pre_norm_fn_bwd_mul") != "kernel" or _impl.sources()["mhc_pre_norm_fn"] != "kernel":
+        pytest.skip("this build lacks the norm-fn kernels")
+    from tile_kernels_aot.modeling.mhc.ops import norm_fn
+
+    p = modeling_paths.mhc_inputs(tokens, seed=tokens + 2)
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    k = p["fn"].shape[1]
+    normw = (1 + 0.1 * torch.randn(k, generator=gen, device="cuda")) if weight else None
+    og = torch.randn(*p["residual"].shape[:-2], p["fn"].shape[0], generator=gen, device="cuda")
+    acc = torch.randn(p["residual"].shape, generator=gen, device="cuda").bfloat16()
+
+    residual = p["residual"].detach().requires_grad_()
+    fn = p["fn"].detach().requires_grad_()
+    w = normw.detach().requires_grad_() if weight else None
+    norm_fn.mhc_pre_norm_fn(residual, fn, w, 1e-6).backward(og)
+
+    # the same steps on the references
+    merged = p["fn"] if normw is None else ref.mhc_fn_normw_merge(p["fn"], normw)
+    out = _impl.impl.mhc_pre_norm_fn(p["residual"], merged, None, 1e-6)
+    sqrsum = torch.linalg.vector_norm(p["residual"].flatten(-2), dim=-1, dtype=torch.float32).square()
+    ug, sg = ref._norm_fn_bwd_norm(og, out, sqrsum, k, 1e-6)
+    x_want, merged_want = ref.mhc_pre_norm_fn_bwd_mul(ug, sg, p["residual"], merged)
+    _close_to_largest(residual.grad.float(), x_want.float(), 2 ** -7, 2 ** -20)
+    if weight:
+        fn_want, w_want = ref.mhc_fn_normw_merge_bwd(p["fn"], normw, merged_want)
+        _close_to_largest(fn.grad, fn_want, 1e-5, 1e-5)
+        _close_to_largest(w.grad, w_want, 1e-5, 1e-5)
+    else:
+        _close_to_largest(fn.grad, merged_want, 1e-5, 1e-5)
+
+    want = ref.mhc_pre_norm_fn_bwd(og, p["residual"], p["fn"], normw, 1e-6)
+    _close_to_largest(residual.grad.float(), want[0].float(), 2 ** -7, 2 ** -10)
+    _close_to_largest(fn.grad, want[1], 1e-4, 1e-5)
+
+    got = _impl.impl.mhc_pre_norm_fn_bwd(og, p["residual"], p["fn"], normw, 1e-6, acc)
+    want = ref.mhc_pre_norm_fn_bwd(og, p["residual"], p["fn"], normw, 1e-6, acc)
+    _close_to_largest(got[0].float(), want[0].float(), 2 ** -7, 2 ** -20)
+    _close_to_largest(got[1], want[1], 1e-5, 1e-5)

@@ -57,6 +57,7 @@ __all__ = [
     "mhc_fn_normw_merge_bwd",
     "mhc_pre_norm_fn",
     "mhc_pre_norm_fn_bwd",
+    "mhc_pre_norm_fn_bwd_mul",
     "mhc_pre_big_fuse",
     "mhc_multilayer_recompute",
 ]
@@ -773,6 +774,64 @@ def mhc_pre_norm_fn(
     return out_mul * rms
 
 
+def _norm_fn_bwd_norm(
+    out_grad: torch.Tensor, out: torch.Tensor, sqrsum: torch.Tensor, k: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token part of the norm-fn backward from the forward's output ``out = u * r`` and
+    ``S = sum(x**2)`` (``(...)``): ``u_grad = out_grad * r`` and
+    ``S_grad = -0.5 * sum_j(out_grad[j] * out[j]) / (S + eps * K)`` (equal to
+    ``-0.5 * sum_j(out_grad[j] * u[j]) * r / (S + eps * K)``), in the dtype of ``out``."""
+    g = out_grad.to(out.dtype)
+    sqrsum = sqrsum.to(out.dtype)
+    rms = (sqrsum / k + eps).rsqrt()
+    out_mul_grad = g * rms[..., None]
+    sqrsum_grad = -0.5 * (g * out).sum(-1) / (sqrsum + eps * k)
+    return out_mul_grad, sqrsum_grad
+
+
+def mhc_pre_norm_fn_bwd_mul(
+    out_mul_grad: torch.Tensor,
+    sqrsum_grad: torch.Tensor,
+    residual: torch.Tensor,
+    mhc_fn: torch.Tensor,
+    x_grad: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K-wide part of the norm-fn backward (upstream's ``bwd_mul`` kernel).
+
+    With ``x = residual`` flattened to ``(..., K)``::
+
+        x_grad_out = out_mul_grad @ mhc_fn + 2 * x * sqrsum_grad (+ x_grad)
+        fn_grad    = sum_tokens out_mul_grad^T x
+
+    in float32 (float64 for float64 inputs), ``x_grad_out`` rounded once to the dtype of
+    ``residual``.  The products are matmuls whose order is not fixed: the kernel sums in its
+    own fixed order and is compared within a tolerance (docs/ops.md).
+
+    Args:
+        out_mul_grad: ``(..., N)`` float32, ``N = M * (M + 2)``.
+        sqrsum_grad: ``(...)`` float32.
+        residual: ``(..., M, H)`` bf16.  mhc_fn: ``(N, M * H)`` float32.
+        x_grad: optional ``(..., M, H)`` gradient to add to (read, not modified).
+
+    Returns:
+        ``x_grad_out (..., M, H)`` in the dtype of ``residual``, ``fn_grad (N, M * H)`` in the
+        compute dtype.
+    """
+    dtype = _compute_dtype(out_mul_grad, sqrsum_grad, residual, mhc_fn)
+    x = residual.flatten(-2).to(dtype)
+    k = x.shape[-1]
+    if mhc_fn.shape[-1] != k:
+        raise ValueError(
+            f"mhc_pre_norm_fn_bwd_mul: residual has M * H = {k} features per token, mhc_fn has {mhc_fn.shape[-1]} columns"
+        )
+    ug = out_mul_grad.to(dtype)
+    res_grad = ug @ mhc_fn.to(dtype) + 2 * x * sqrsum_grad.to(dtype)[..., None]
+    if x_grad is not None:
+        res_grad = x_grad.to(dtype).flatten(-2) + res_grad
+    fn_grad = ug.reshape(-1, ug.shape[-1]).t() @ x.reshape(-1, k)
+    return res_grad.reshape(residual.shape).to(residual.dtype), fn_grad
+
+
 def mhc_pre_norm_fn_bwd(
     out_grad: torch.Tensor,
     residual: torch.Tensor,
@@ -792,6 +851,9 @@ def mhc_pre_norm_fn_bwd(
         W_grad = sum_tokens u_grad^T x
         mhc_fn_grad = W_grad * normw,  normw_grad = sum_j W_grad[j] * mhc_fn[j]
 
+    Computed as the forward's parts, the per-token part (``_norm_fn_bwd_norm``, from ``out``
+    and ``S``) and :func:`mhc_pre_norm_fn_bwd_mul` (the K-wide part, a kernel where built).
+
     Args:
         out_grad: ``(..., N)`` float32.
         residual, mhc_fn, mhc_norm_weight, mhc_norm_eps: the forward inputs.
@@ -807,14 +869,8 @@ def mhc_pre_norm_fn_bwd(
     fn = mhc_fn if mhc_norm_weight is None else mhc_fn_normw_merge(mhc_fn, mhc_norm_weight)
     x, fn_c, sqrsum, rms, out_mul = _norm_fn_parts(residual, fn, mhc_norm_eps)
     k = fn_c.shape[-1]
-    g = out_grad.to(x.dtype)
-    out_mul_grad = g * rms
-    rms_grad = (g * out_mul).sum(-1, keepdim=True)
-    sqrsum_grad = -0.5 * rms_grad * rms / (sqrsum + mhc_norm_eps * k)
-    res_grad = out_mul_grad @ fn_c + 2 * x * sqrsum_grad
-    if x_grad is not None:
-        res_grad = x_grad.to(x.dtype).flatten(-2) + res_grad
-    merged_grad = out_mul_grad.reshape(-1, fn_c.shape[0]).t() @ x.reshape(-1, k)
+    out_mul_grad, sqrsum_grad = _norm_fn_bwd_norm(out_grad, out_mul * rms, sqrsum[..., 0], k, mhc_norm_eps)
+    res_grad, merged_grad = mhc_pre_norm_fn_bwd_mul(out_mul_grad, sqrsum_grad, residual, fn_c, x_grad)
     if mhc_norm_weight is None:
         fn_grad, normw_grad = merged_grad, None
     else:
@@ -822,7 +878,7 @@ def mhc_pre_norm_fn_bwd(
             mhc_fn.to(x.dtype), mhc_norm_weight.to(x.dtype), merged_grad
         )
         normw_grad = normw_grad.to(mhc_norm_weight.dtype)
-    return res_grad.reshape(residual.shape).to(residual.dtype), fn_grad.to(mhc_fn.dtype), normw_grad
+    return res_grad, fn_grad.to(mhc_fn.dtype), normw_grad
 
 
 # ----------------------------------------------------------------------------

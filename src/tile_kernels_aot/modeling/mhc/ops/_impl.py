@@ -15,6 +15,7 @@ non-contiguous ``out``, or a static configuration (``mhc_mult``) this build lack
 from __future__ import annotations
 
 import functools
+import re
 import types
 
 import torch
@@ -54,6 +55,18 @@ def _token_params(record: dict) -> set:
     return found
 
 
+def _token_outputs(record: dict, token_params: set) -> set:
+    """The outputs with the leading token dim: shaped ``list(<p>.shape)`` or ``[<p>.shape[0], ...]``
+    for a per-token parameter ``p``; the others (gradients of projections, scales, biases) are
+    returned as the kernel gives them."""
+    found = set()
+    for o in record["outs"]:
+        m = re.match(r"\s*(?:list\((\w+)\.shape\)|\[(\w+)\.shape\[0\])", o["shape"] or "")
+        if m and (m.group(1) or m.group(2)) in token_params:
+            found.add(o["name"])
+    return found
+
+
 def _as_is(t: torch.Tensor, dtypes) -> torch.Tensor:
     """A parameter without the token dim: the kernel takes it on the GPU, in its dtypes."""
     if not t.is_cuda or str(t.dtype).rsplit(".", 1)[-1] not in dtypes:
@@ -81,6 +94,7 @@ def _kernel_call(name: str, kernel, reference):
     per_token = _token_params(record)
     outs = {o["name"] for o in record["outs"]}
     first = next(iter(tensors))
+    token_outs = _token_outputs(record, per_token | {first})
     first_rest = tensors[first]["ndim"] - 1
     after = _AFTER.get(name)
 
@@ -117,12 +131,17 @@ def _kernel_call(name: str, kernel, reference):
 
         originals = {id(flat[o]): bound[o] for o in outs if bound.get(o) is not None}
 
-        def restore(r):
+        def restore(r, name):
             if id(r) in originals:
                 return originals[id(r)]
-            return r.view(*lead, *r.shape[1:]) if isinstance(r, torch.Tensor) else r
+            if isinstance(r, torch.Tensor) and name in token_outs:
+                return r.view(*lead, *r.shape[1:])
+            return r
 
-        result = tuple(restore(r) for r in result) if isinstance(result, tuple) else restore(result)
+        if isinstance(result, tuple):
+            result = tuple(restore(r, n) for r, n in zip(result, record["returns"]))
+        else:
+            result = restore(result, record["returns"][0] if record["returns"] else None)
         if after is not None:
             after(bound, result)
         return result

@@ -44,15 +44,30 @@ class MHCPreNormFn(torch.autograd.Function):
         fuse_grad_acc: bool,
         n_splits: int,
     ) -> torch.Tensor:
-        ctx.save_for_backward(x, fn)
+        out = _pre_norm_fn(x, fn, norm_eps, fuse_grad_acc, n_splits)
+        ctx.save_for_backward(x, fn, out)
         ctx.norm_eps = norm_eps
-        return _pre_norm_fn(x, fn, norm_eps, fuse_grad_acc, n_splits)
+        return out
 
     @staticmethod
     def backward(ctx, out_grad: torch.Tensor):
-        x, fn = ctx.saved_tensors
-        x_grad, fn_grad, _ = impl.mhc_pre_norm_fn_bwd(out_grad, x, fn, None, ctx.norm_eps)
-        return x_grad, fn_grad, None, None, None
+        x, fn, out = ctx.saved_tensors
+        return (*_pre_norm_fn_bwd(out_grad, x, fn, out, ctx.norm_eps), None, None, None)
+
+
+def _pre_norm_fn_bwd(out_grad, x, fn, out, norm_eps):
+    """``(x_grad, fn_grad)``.  On the kernel's inputs (CUDA, bf16 streams, float32 projection):
+    ``S = sum(x**2)`` in one float32 reduction over x, the per-token part from the saved output
+    and ``S`` (``u_grad``, ``S_grad``; tiny), then the K-wide part on the kernel
+    (``mhc_pre_norm_fn_bwd_mul``: ``x_grad``, ``fn_grad`` in one pass over x).  Otherwise the
+    reference (CPU, float64 for gradcheck)."""
+    if x.is_cuda and x.dtype == torch.bfloat16 and fn.dtype == torch.float32 and x.dim() >= 3:
+        k = fn.shape[-1]
+        sqrsum = torch.linalg.vector_norm(x.flatten(-2), dim=-1, dtype=torch.float32).square()
+        out_mul_grad, sqrsum_grad = _reference._norm_fn_bwd_norm(out_grad, out.float(), sqrsum, k, norm_eps)
+        return impl.mhc_pre_norm_fn_bwd_mul(out_mul_grad.contiguous(), sqrsum_grad.contiguous(), x, fn)
+    x_grad, fn_grad, _ = impl.mhc_pre_norm_fn_bwd(out_grad, x, fn, None, norm_eps)
+    return x_grad, fn_grad
 
 
 def mhc_pre_norm_fn(
