@@ -1,6 +1,7 @@
-"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
-hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
-per 32-token tile: 1, 2, 4 or 8) from the token count and K."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, weight); the token count and K =
+mhc_mult * hidden (a multiple of 1024) are run-time values, the host picks the cluster size
+(blocks per 32-token tile: 1, 2, 4 or 8) from the token count and K, and `weight` (0 or 1) from
+whether mhc_norm_weight is given."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -35,7 +36,7 @@ _SAMPLES = [
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult", "cluster"),
+    static=("mhc_mult", "cluster", "weight"),
     ops=[
         Op(
             module="mhc",
