@@ -31,8 +31,10 @@ tokens' 256-byte slices of x (``cp.async``, a ring of ``STAGES`` slots, issued
 into registers, multiplied by the norm weight and rounded to TF32 once per block (double
 buffered).  A phase ends with the running sums written to shared memory and each lane
 group's butterfly summed there; the last step's group sums meet (through distributed shared
-memory in a cluster) in the fixed 8-way tree.  K is a run-time value (a multiple of 1024);
-``mhc_mult`` and ``cluster`` are static.  Token offsets are 64-bit.
+memory in a cluster) in the fixed 8-way tree.  The step loop has no branch but the phase-end
+test (prefetches past the last step read clamped, unused K pieces), so that the compiler
+schedules a step as one block.  K is a run-time value (a multiple of 1024); ``mhc_mult``,
+``cluster`` and ``weight`` (the norm weight given or not) are static.  Token offsets are 64-bit.
 """
 
 from tilelang import language as T
