@@ -33,6 +33,9 @@ _SAMPLES = [
     # last tile), 2 at 2048 tokens, 4 at the 1000-token samples, 8 at decode and the split-K rows
     Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
+    # the norm weight is a static config: its kernels at cluster sizes 2 and 4
+    Sample("cluster 2, norm weight: 2048 tokens, hidden 1280", 2048, _args(1280, True)),
+    Sample("cluster 4, norm weight: 1000 tokens, hidden 2560", 1000, _args(2560, True)),
 ]
 
 SCHEMA = Schema(
