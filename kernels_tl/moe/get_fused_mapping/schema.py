@@ -1,5 +1,6 @@
-"""moe.get_fused_mapping: one kernel (a single thread-block cluster); the token count, top-k,
-expert count (up to 1024), alignment and row count are run-time values.  The public function
+"""moe.get_fused_mapping: two kernels, picked per call by the entry count (``path``: "blocks", a
+plain grid of independent blocks, up to 8192 entries; "cluster", one thread-block cluster, above);
+the token count, top-k, expert count (up to 1024), alignment and row count are run-time values.  The public function
 is a Python wrapper (``tile_kernels_aot.wrappers.get_fused_mapping``) that adds the host sync
 of ``num_expanded_tokens == 0``; the kernel op itself never synchronizes."""
 
@@ -53,7 +54,7 @@ SAMPLES = [
 ]
 
 SCHEMA = Schema(
-    static=(),
+    static=("path",),
     ops=[
         Op(
             module="moe",
