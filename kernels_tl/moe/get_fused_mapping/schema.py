@@ -51,6 +51,13 @@ SAMPLES = [
     _drawn("1024 experts (the most), repeats and -1", 3000, 6, 1024, 16, -1, "T * 6 + 1024 * 15"),
     _drawn("negative entries, 36 experts, top-7", 3000, 7, 36, 16, -4, "T * 7 + 36 * 15"),
     _drawn("force_no_sync, nothing routed, 8 experts", 500, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),
+    # the blocks path (up to 8192 entries) at its limits, and the cluster path with one cluster
+    _drawn("blocks path: 8192 entries (the most), 1024 experts, repeats and -1", 1024, 8, 1024, 16, -1,
+           "T * 8 + 1024 * 15"),
+    _drawn("blocks path: top-40 (token advance past 32), negative entries", 150, 40, 36, 16, -4, "T * 40 + 36 * 15"),
+    _routed("blocks path: exact rows (no padding tail)", 700, 8, 32, 64, exact=True, unrouted=0.2),
+    _drawn("cluster path, force_no_sync, no rows (one cluster)", 2000, 8, 8, 16, -1, 0, high=0,
+           kwargs={"force_no_sync": True}),
 ]
 
 SCHEMA = Schema(
