@@ -140,12 +140,14 @@ def test_cluster_shape_reaches_the_launch(lowered, tmp_path):
         assert f"{lowered.dyn_smem}, {{{', '.join(map(str, cluster))}}}}};" in text
 
 
-@pytest.mark.parametrize("kernel, folder", [("moe.get_fused_mapping", "kernels_tl.moe.get_fused_mapping.kernel"),
-                                            ("moe.group_count", "kernels_tl.moe.group_count.kernel")])
-def test_installed_cluster_kernel_records_its_cluster(kernel, folder):
-    """A one-cluster kernel (its kernel.py: CLUSTER blocks, one cluster): the installed manifest
-    says so for every arch, so the launch sets the cluster shape (and, past 8 blocks, allows the
-    non-portable size first)."""
+@pytest.mark.parametrize("kernel, folder, config, grid", [
+    ("moe.get_fused_mapping", "kernels_tl.moe.get_fused_mapping.kernel", {"path": "cluster"}, None),
+    ("moe.group_count", "kernels_tl.moe.group_count.kernel", {}, "CLUSTER")])
+def test_installed_cluster_kernel_records_its_cluster(kernel, folder, config, grid):
+    """A cluster kernel (its kernel.py: clusters of CLUSTER blocks; ``grid`` "CLUSTER": exactly
+    one): the installed manifest says so for every arch, so the launch sets the cluster shape
+    (and, past 8 blocks, allows the non-portable size first); a grid of several clusters is a
+    multiple of CLUSTER."""
     import importlib
 
     manifest = pytest.importorskip("tile_kernels_aot.manifest")
@@ -153,12 +155,17 @@ def test_installed_cluster_kernel_records_its_cluster(kernel, folder):
         kernels = manifest.load()["kernels"]
     except FileNotFoundError:
         pytest.skip("no installed bundle")
-    configs = kernels.get(kernel, {}).get("configs", [])
+    configs = [c for c in kernels.get(kernel, {}).get("configs", [])
+               if all(c["config"].get(k) == v for k, v in config.items())]
     if not configs:
-        pytest.skip(f"{kernel} is not in this build")
+        pytest.skip(f"{kernel} {config} is not in this build")
     cluster = importlib.import_module(folder).CLUSTER
     for build in configs[0]["builds"].values():
-        assert build["cluster"] == [cluster, 1, 1] and build["grid"] == [str(cluster), "1", "1"]
+        assert build["cluster"] == [cluster, 1, 1]
+        if grid == "CLUSTER":
+            assert build["grid"] == [str(cluster), "1", "1"]
+        else:
+            assert build["grid"][0].endswith(f" * {cluster})") and build["grid"][1:] == ["1", "1"]
 
 
 def test_readme_operator_table_is_current():

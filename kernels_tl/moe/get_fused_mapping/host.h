@@ -16,7 +16,11 @@ struct Plan {
   int64_t num_tokens, num_topk, num_elements, num_experts, rows;
 };
 
-inline bool plan(const char* op, const Args& a, Plan& p, Config&) {
+// Entries up to which the plain grid of independent blocks serves the call (kernel.py:
+// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, one cluster.
+constexpr int64_t kSmallEntries = 8192;
+
+inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.topk_idx.shape[0];
   p.num_topk = a.topk_idx.shape[1];
   p.num_experts = a.num_experts;
@@ -40,6 +44,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config&) {
   // can need (TileKernels' bound), which the public wrapper trims after its host sync.
   const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
   p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
+  c.path = p.num_elements <= kSmallEntries ? "blocks" : "cluster";
   return true;
 }
 
@@ -59,6 +64,10 @@ inline bool needs_launch(const Plan& p) { return p.rows > 0 || p.num_elements > 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   TKA_CHECK(p.num_experts <= c.max_experts, "num_experts", "must be at most %lld for this kernel, got %lld",
             static_cast<long long>(c.max_experts), static_cast<long long>(p.num_experts));
+  // The blocks path reads every entry in every block, as int16 counts: kSmallEntries at most.
+  TKA_CHECK(c.cluster > 1 || p.num_elements <= c.small_entries, "topk_idx",
+            "has %lld entries, more than this kernel's %lld", static_cast<long long>(p.num_elements),
+            static_cast<long long>(c.small_entries));
   k.topk_idx = a.topk_idx.data;
   k.pos_to_expert = o.pos_to_expert.data;
   k.pos_to_token = o.pos_to_token.data;

@@ -1,5 +1,6 @@
-"""moe.get_fused_mapping: one kernel (a single thread-block cluster); the token count, top-k,
-expert count (up to 1024), alignment and row count are run-time values.  The public function
+"""moe.get_fused_mapping: two kernels, picked per call by the entry count (``path``: "blocks", a
+plain grid of independent blocks, up to 8192 entries; "cluster", one thread-block cluster, above);
+the token count, top-k, expert count (up to 1024), alignment and row count are run-time values.  The public function
 is a Python wrapper (``tile_kernels_aot.wrappers.get_fused_mapping``) that adds the host sync
 of ``num_expanded_tokens == 0``; the kernel op itself never synchronizes."""
 
@@ -50,10 +51,17 @@ SAMPLES = [
     _drawn("1024 experts (the most), repeats and -1", 3000, 6, 1024, 16, -1, "T * 6 + 1024 * 15"),
     _drawn("negative entries, 36 experts, top-7", 3000, 7, 36, 16, -4, "T * 7 + 36 * 15"),
     _drawn("force_no_sync, nothing routed, 8 experts", 500, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),
+    # the blocks path (up to 8192 entries) at its limits, and the cluster path with one cluster
+    _drawn("blocks path: 8192 entries (the most), 1024 experts, repeats and -1", 1024, 8, 1024, 16, -1,
+           "T * 8 + 1024 * 15"),
+    _drawn("blocks path: top-40 (token advance past 32), negative entries", 150, 40, 36, 16, -4, "T * 40 + 36 * 15"),
+    _routed("blocks path: exact rows (no padding tail)", 700, 8, 32, 64, exact=True, unrouted=0.2),
+    _drawn("cluster path, force_no_sync, no rows (one cluster)", 2000, 8, 8, 16, -1, 0, high=0,
+           kwargs={"force_no_sync": True}),
 ]
 
 SCHEMA = Schema(
-    static=(),
+    static=("path",),
     ops=[
         Op(
             module="moe",
