@@ -1,6 +1,7 @@
 // engram.engram_gate_fwd: host side (interface: tka/host.h).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "args.h"
@@ -9,6 +10,7 @@ namespace tka::engram_engram_gate_fwd::engram_gate_fwd {
 
 struct Plan {
   int64_t num_tokens, hc_mult, hidden;
+  int64_t sms;  // the device's SM count (the persistent grid's unit)
 };
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
@@ -26,7 +28,6 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             "must have shape [%lld, %lld], got [%lld, %lld]", hc, h, static_cast<long long>(a.weight_fused.shape[0]),
             static_cast<long long>(a.weight_fused.shape[1]));
   TKA_CHECK(h % 256 == 0, "hidden_states", "must have a hidden size divisible by 256 (32 lanes x 16-byte pieces), got %lld", h);
-  TKA_CHECK(T <= 2147483647, "hidden_states", "has too many tokens for one launch (one block per token)");
   // 16-byte pieces: every row of k and v must start 16-byte aligned
   TKA_CHECK(aligned(a.hidden_states.data, 16), "hidden_states", "must start 16-byte aligned");
   TKA_CHECK(aligned(a.k.data, 16), "k", "must start 16-byte aligned");
@@ -38,6 +39,13 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             static_cast<long long>(a.k.stride[1]));
   TKA_CHECK(T <= 1 || a.v.stride[0] % 8 == 0, "v.stride(0)", "must be a multiple of 8 (16-byte aligned rows), got %lld",
             static_cast<long long>(a.v.stride[0]));
+  // the persistent grid: blocks_per_sm blocks per SM of the device (132 for a tensor off CUDA)
+  p.sms = 132;
+  if (a.hidden_states.device >= 0) {
+    const int sms = device_sm_count(op, a.hidden_states.device);
+    if (sms < 0) return false;
+    p.sms = sms;
+  }
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
   return true;
@@ -57,7 +65,7 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hc_mult > 0 && p.hidden > 0; }
 
-inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   k.hidden_states = a.hidden_states.data;
   k.k = a.k.data;
   k.v = a.v.data;
@@ -68,6 +76,8 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.rstd_x = o.rstd_x.data;
   k.rstd_k = o.rstd_k.data;
   k.num_tokens = p.num_tokens;
+  // every block resident at once (kernel.py: blocks_per_sm from shared memory), each with a token
+  k.num_blocks = std::min<int64_t>(p.num_tokens, p.sms * c.blocks_per_sm);
   // strides of size-1 dims are free: give them an aligned value
   k.k_stride_t = p.num_tokens > 1 ? a.k.stride[0] : p.hc_mult * p.hidden;
   k.k_stride_c = p.hc_mult > 1 ? a.k.stride[1] : p.hidden;

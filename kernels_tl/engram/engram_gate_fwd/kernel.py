@@ -17,30 +17,87 @@ from a zero, then the lanes combine as an XOR butterfly (16, 8, 4, 2, 1).
 
 Design
 ------
-One block per token, one warp per stream (``hc`` warps).  Pass 1: each lane loads its 16-byte
-pieces of x and k (and 2 x 16 bytes of w, L2/L1-resident: 4 * hc * H bytes for the whole
-call), all ``H / 256`` pieces unrolled so that the loads are in flight together, stashes
-its x pieces in shared memory (its own, so no barrier) and accumulates the three sums.
-After the butterfly every lane holds the token's dot, rstd's and gate.  Pass 2: x from
-shared memory, v from global (one row per token, read by the ``hc`` warps of the block at
-the same time: one DRAM read, the rest L1/L2 hits), 16-byte stores of the output.  Tokens,
-strides, eps, clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time
-values; ``hc`` and ``H`` are static (the unrolled piece loop and the stash size depend on
-``H``).  Element offsets are 64-bit.
+A persistent grid of ``num_blocks`` blocks (the host's ``min(T, SMs * blocks_per_sm)``:
+every block resident at once), ``hc`` warps per block, warp ``c`` owning stream ``c``; block
+``b`` walks the tokens ``b, b + num_blocks, b + 2 * num_blocks, ...``.  Lane ``l`` owns the
+16-byte pieces ``j * 32 + l`` of its rows (the reference's summation order) and only ever
+reads shared-memory slots it filled itself with ``cp.async``, so the warps never meet at a
+barrier and every wait is per thread.
+
+Per warp, shared memory holds the x row of its stream (``2 * H`` bytes, kept for the output
+pass) and a ring of ``RING`` slots of ``CHUNK`` pieces per lane (``RING * CHUNK * 512``
+bytes).  A token is ``2 * stages`` stages of ``CHUNK`` steps (``stages = H / (256 * CHUNK)``):
+the k stages (chunk ``i`` of x from the row, of k from the ring: the three sums, w from
+global one stage ahead in registers) and then the v stages (chunk ``i`` of x and of v: the
+output).  Every stage commits one copy group: when stage ``s`` is consumed, the copy of
+stage ``s + RING`` goes into the slot it freed (k of this token, v of this token, or k of the
+block's next token), so ``RING`` stages are always in flight and a wait for "all but the
+newest ``RING - 1`` groups" finds stage ``s`` landed.  A v stage also frees its x chunk, which
+takes the next token's x chunk in the same group: the next token's whole x row is in flight
+while the output pass runs, and its first k chunks while the gate is computed.  Stage ``i`` of
+the next token's x rides in the group of stage ``i + RING - stages <= i`` (``RING <= stages``),
+so the k stage that reads it waits for it too.
+
+``RING`` divides ``2 * stages``, so every stage's slot is static.  Shared memory is
+``hc * (2 * H + RING * CHUNK * 512)`` bytes (72 KB at hc 4, H 7168: 3 blocks, 12 warps per SM;
+each warp keeps up to 4 KB of k or v plus its x prefetch in flight).  Tokens, strides,
+``num_blocks``, eps, clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time
+values; ``hc`` and ``H`` are static.  Element offsets are 64-bit.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.engram import cp_async
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
 SPAN = WARP * PIECE  # elements of a row one warp covers per step
-PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
+RING_PIECES = 8  # 16-byte pieces per lane in the k/v ring (4 KB per warp)
+SMEM_PER_SM = 228 * 1024  # shared memory of one SM (sm_90, sm_100)
+SMEM_PER_BLOCK = 227 * 1024  # the most one block may have
+SMEM_RESERVED = 1024  # the driver's share per resident block
+MAX_WARPS_PER_SM = 16  # register file: 128 registers per thread at 16 warps
+PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
+                # shared memory is written by cp.async (unseen by TileLang) and each lane reads only
+                # the slots it filled itself: no barriers
+                "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True,
+                # every access is in bounds (tokens < num_tokens, guarded prefetches): no guards
+                "tl.disable_safe_memory_legalize": True}
+
+
+def _layout(hidden):
+    """(steps, chunk, stages, ring): ``chunk`` steps per stage, ``ring`` slots, ``ring``
+    dividing ``2 * stages`` and at most ``stages``; the most ring pieces (up to
+    RING_PIECES), then the larger chunk."""
+    assert hidden % SPAN == 0, "hidden must be a multiple of 256"
+    steps = hidden // SPAN
+    best = None
+    for chunk in (1, 2):
+        if steps % chunk:
+            continue
+        stages = steps // chunk
+        ring = max(r for r in range(1, min(stages, RING_PIECES // chunk) + 1) if (2 * stages) % r == 0)
+        key = (ring * chunk, chunk)
+        if best is None or key > best[0]:
+            best = (key, (steps, chunk, stages, ring))
+    return best[1]
+
+
+def _smem_bytes(hc_mult, hidden):
+    steps, chunk, _, ring = _layout(hidden)
+    return hc_mult * (steps + ring * chunk) * WARP * PIECE * 2
+
+
+def _blocks_per_sm(hc_mult, hidden):
+    """Resident blocks per SM: by shared memory, at most MAX_WARPS_PER_SM warps (the kernel's
+    ``__launch_bounds__`` holds ptxas to the registers this many blocks leave)."""
+    per_block = _smem_bytes(hc_mult, hidden) + SMEM_RESERVED
+    return max(1, min(SMEM_PER_SM // per_block, MAX_WARPS_PER_SM // hc_mult))
 
 
 def host_constants(hc_mult, hidden):
-    return {"threads": hc_mult * WARP}
+    return {"threads": hc_mult * WARP, "blocks_per_sm": _blocks_per_sm(hc_mult, hidden)}
 
 
 def _f32(value):
@@ -48,10 +105,12 @@ def _f32(value):
 
 
 def engram_gate_fwd_kernel(hc_mult, hidden):
-    assert hidden % SPAN == 0, "hidden must be a multiple of 256"
-    steps = hidden // SPAN
+    steps, chunk, stages, ring = _layout(hidden)
+    assert _smem_bytes(hc_mult, hidden) <= SMEM_PER_BLOCK, "a block's rows must fit in shared memory"
+    assert ring <= cp_async.MAX_GROUPS
     pieces = hidden // PIECE
     threads = hc_mult * WARP
+    blocks_per_sm = _blocks_per_sm(hc_mult, hidden)
     num_tokens = T.dynamic("num_tokens", "int64")
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
     k_stride_c = T.dynamic("k_stride_c", "int64")
@@ -73,24 +132,30 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
+        num_blocks: T.int32,  # 1 <= num_blocks <= num_tokens (host)
     ):
-        with T.Kernel(T.Cast("int32", num_tokens), threads=threads) as bid:
+        with T.Kernel(num_blocks, threads=threads) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
+            # the persistent grid assumes blocks_per_sm resident blocks: registers to match
+            T.annotate_min_blocks_per_sm(blocks_per_sm)
+            T.import_source(cp_async.DEVICE_SOURCE)
             # rows start on 16-byte boundaries (checked by the host): each piece is one access
             T.assume(k_stride_t % PIECE == 0)
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
+            T.assume(num_blocks > 0)
             tid = T.get_thread_binding()
             c = tid // WARP
             lane = tid % WARP
-            t = T.Cast("int64", bid)
+            b = T.Cast("int64", bid)
 
-            x_stash = T.alloc_shared((hc_mult, steps, WARP, PIECE), T.bfloat16)
+            x_s = T.alloc_shared((hc_mult, steps, WARP, PIECE), T.bfloat16)
+            ring_s = T.alloc_shared((hc_mult, ring, chunk, WARP, PIECE), T.bfloat16)  # k, then v
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
-            wv = T.alloc_local((PIECE,), T.float32)
             vv = T.alloc_local((PIECE,), T.bfloat16)
             ov = T.alloc_local((PIECE,), T.bfloat16)
+            wv = T.alloc_local((2, chunk, PIECE), T.float32)  # w of this k stage and the next
             acc_d = T.alloc_var(T.float32)
             acc_x = T.alloc_var(T.float32)
             acc_k = T.alloc_var(T.float32)
@@ -98,54 +163,115 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
             z = T.alloc_var(T.float32)
             a = T.alloc_var(T.float32)
 
-            acc_d = T.float32(0)
-            acc_x = T.float32(0)
-            acc_k = T.float32(0)
-            # ---- pass 1: the three sums of the row, x stashed for pass 2
-            for j in T.unroll(steps):
-                for i in T.vectorized(PIECE):
-                    xv[i] = hidden_states[t, c, j * WARP + lane, i]
-                for i in T.vectorized(PIECE):
-                    kv[i] = k[t, c, j * WARP + lane, i]
-                for i in T.vectorized(PIECE):
-                    wv[i] = weight_fused[c, j * WARP + lane, i]
-                for i in T.vectorized(PIECE):
-                    x_stash[c, j, lane, i] = xv[i]
-                for i in T.unroll(PIECE):
-                    xf = _f32(xv[i])
-                    kf = _f32(kv[i])
-                    acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[i]), kf)
-                    acc_x = acc_x + T.ieee_mul(xf, xf)
-                    acc_k = acc_k + T.ieee_mul(kf, kf)
-            for s in T.unroll(5):
-                acc_d = acc_d + T.shfl_xor(acc_d, 16 >> s)
-                acc_x = acc_x + T.shfl_xor(acc_x, 16 >> s)
-                acc_k = acc_k + T.shfl_xor(acc_k, 16 >> s)
+            # tokens b, b + num_blocks, ...: at least one (num_blocks <= num_tokens)
+            blocks = T.Cast("int64", num_blocks)
+            count = T.ceildiv(num_tokens - b, blocks)
 
-            # ---- the gate (every lane holds the same values)
-            r_x = T.ieee_fdiv(T.float32(1), T.sqrt(T.ieee_add(T.ieee_fdiv(acc_x, T.float32(hidden)), eps)))
-            r_k = T.ieee_fdiv(T.float32(1), T.sqrt(T.ieee_add(T.ieee_fdiv(acc_k, T.float32(hidden)), eps)))
-            z = T.ieee_mul(T.ieee_mul(T.ieee_mul(acc_d, r_x), r_k), scalar)
-            a = T.abs(z)
-            a = T.Select(a < clamp_value, clamp_value, a)  # clamp_min; NaN stays NaN
-            # -copysign is a sign flip (exact); expf, then 1 + e and 1 / d each rounded once
-            gate = T.ieee_fdiv(T.float32(1), T.ieee_add(T.exp(-T.copysign(T.sqrt(a), z)), T.float32(1)))
-            if saved_rows > 0:  # save_for_backward (a uniform branch)
-                if lane == 0:
-                    dot[t, c] = acc_d
-                    gate_score[t, c] = gate
-                    rstd_x[t, c] = r_x
-                    rstd_k[t, c] = r_k
+            # ---- the first token in flight: its whole x row and its first `ring` k stages
+            # (group r < ring holds k stage r; the last one also x chunks ring-1 .. stages-1)
+            for i in T.unroll(stages):
+                for q in T.unroll(chunk):
+                    p = (i * chunk + q) * WARP + lane
+                    T.evaluate(cp_async.copy16(x_s[c, i * chunk + q, lane, 0], hidden_states[b, c, p, 0]))
+                if i < ring:
+                    for q in T.unroll(chunk):
+                        p = (i * chunk + q) * WARP + lane
+                        T.evaluate(cp_async.copy16(ring_s[c, i, q, lane, 0], k[b, c, p, 0]))
+                if i < ring - 1 or i == stages - 1:
+                    cp_async.commit()
+            # w of k stage 0 (w does not depend on the token)
+            for q in T.unroll(chunk):
+                for e in T.vectorized(PIECE):
+                    wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
 
-            # ---- pass 2: out = x + gate * v
-            for j in T.unroll(steps):
-                for i in T.vectorized(PIECE):
-                    vv[i] = v[t, j * WARP + lane, i]
-                for i in T.vectorized(PIECE):
-                    xv[i] = x_stash[c, j, lane, i]
-                for i in T.unroll(PIECE):
-                    ov[i] = T.cast(T.ieee_add(_f32(xv[i]), T.ieee_mul(gate, _f32(vv[i]))), T.bfloat16)
-                for i in T.vectorized(PIECE):
-                    output[t, c, j * WARP + lane, i] = ov[i]
+            for it in T.serial(count):
+                t = b + it * blocks
+                has_next = it + 1 < count
+                tn = t + blocks
+
+                acc_d = T.float32(0)
+                acc_x = T.float32(0)
+                acc_k = T.float32(0)
+                # ---- k stages: the three sums in the reference's order
+                for i in T.unroll(stages):
+                    if i + 1 < stages:  # w of the next k stage, in flight during this one
+                        for q in T.unroll(chunk):
+                            for e in T.vectorized(PIECE):
+                                wv[(i + 1) % 2, q, e] = weight_fused[c, ((i + 1) * chunk + q) * WARP + lane, e]
+                    cp_async.wait(ring - 1)  # this stage's group (and every older one) landed
+                    for q in T.unroll(chunk):
+                        for e in T.vectorized(PIECE):
+                            xv[e] = x_s[c, i * chunk + q, lane, e]
+                        for e in T.vectorized(PIECE):
+                            kv[e] = ring_s[c, i % ring, q, lane, e]
+                        for e in T.unroll(PIECE):
+                            xf = _f32(xv[e])
+                            kf = _f32(kv[e])
+                            acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[i % 2, q, e]), kf)
+                            acc_x = acc_x + T.ieee_mul(xf, xf)
+                            acc_k = acc_k + T.ieee_mul(kf, kf)
+                    # the freed slot takes stage i + ring: a later k stage or a v stage of this token
+                    if i + ring < stages:
+                        for q in T.unroll(chunk):
+                            p = ((i + ring) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], k[t, c, p, 0]))
+                    else:
+                        for q in T.unroll(chunk):
+                            p = ((i + ring - stages) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], v[t, p, 0]))
+                    cp_async.commit()
+                for s in T.unroll(5):
+                    acc_d = acc_d + T.shfl_xor(acc_d, 16 >> s)
+                    acc_x = acc_x + T.shfl_xor(acc_x, 16 >> s)
+                    acc_k = acc_k + T.shfl_xor(acc_k, 16 >> s)
+
+                # ---- the gate (every lane holds the same values)
+                r_x = T.ieee_fdiv(T.float32(1), T.sqrt(T.ieee_add(T.ieee_fdiv(acc_x, T.float32(hidden)), eps)))
+                r_k = T.ieee_fdiv(T.float32(1), T.sqrt(T.ieee_add(T.ieee_fdiv(acc_k, T.float32(hidden)), eps)))
+                z = T.ieee_mul(T.ieee_mul(T.ieee_mul(acc_d, r_x), r_k), scalar)
+                a = T.abs(z)
+                a = T.Select(a < clamp_value, clamp_value, a)  # clamp_min; NaN stays NaN
+                # -copysign is a sign flip (exact); expf, then 1 + e and 1 / d each rounded once
+                gate = T.ieee_fdiv(T.float32(1), T.ieee_add(T.exp(-T.copysign(T.sqrt(a), z)), T.float32(1)))
+                if saved_rows > 0:  # save_for_backward (a uniform branch)
+                    if lane == 0:
+                        dot[t, c] = acc_d
+                        gate_score[t, c] = gate
+                        rstd_x[t, c] = r_x
+                        rstd_k[t, c] = r_k
+                # w of the next token's k stage 0, in flight during the output pass
+                for q in T.unroll(chunk):
+                    for e in T.vectorized(PIECE):
+                        wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
+
+                # ---- v stages: out = x + gate * v
+                for m in T.unroll(stages):
+                    cp_async.wait(ring - 1)
+                    for q in T.unroll(chunk):
+                        p = (m * chunk + q) * WARP + lane
+                        for e in T.vectorized(PIECE):
+                            xv[e] = x_s[c, m * chunk + q, lane, e]
+                        for e in T.vectorized(PIECE):
+                            vv[e] = ring_s[c, (stages + m) % ring, q, lane, e]
+                        for e in T.unroll(PIECE):
+                            ov[e] = T.cast(T.ieee_add(_f32(xv[e]), T.ieee_mul(gate, _f32(vv[e]))), T.bfloat16)
+                        for e in T.vectorized(PIECE):
+                            output[t, c, p, e] = ov[e]
+                    # the freed ring slot takes stage m + ring (a v stage of this token or a k
+                    # stage of the next); the freed x chunk takes the next token's chunk m
+                    if m + ring < stages:
+                        for q in T.unroll(chunk):
+                            p = ((m + ring) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0], v[t, p, 0]))
+                    if has_next:
+                        if m + ring >= stages:
+                            for q in T.unroll(chunk):
+                                p = ((m + ring - stages) * chunk + q) * WARP + lane
+                                T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0],
+                                                           k[tn, c, p, 0]))
+                        for q in T.unroll(chunk):
+                            p = (m * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(x_s[c, m * chunk + q, lane, 0], hidden_states[tn, c, p, 0]))
+                    cp_async.commit()
 
     return engram_gate_fwd

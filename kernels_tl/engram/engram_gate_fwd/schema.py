@@ -48,6 +48,7 @@ SCHEMA = Schema(
                 _sample("decode, inference", 128, 7168, save=False),
                 _sample("prefill, inference", 8192, 7168, save=False),
                 _sample("hidden=2048", 1000, 2048),
+                _sample("hidden=2560 (one-step stages, ring of 5)", 1000, 2560),
                 _sample("hidden=4096", 1000, 4096),
                 _sample("hidden=4096, inference", 1000, 4096, save=False),
                 _sample("clamp=0.3 (active)", 1000, 2048, clamp=0.3),
