@@ -75,7 +75,8 @@ def test_every_op_is_a_custom_op_with_its_declared_schema(record):
         assert [a.name for a in out_form.arguments if a.kwarg_only] == [o["name"] for o in record["outs"]]
         assert len(out_form.returns) == 0
     # tensors the op updates in place are annotated as written, in both forms
-    mutable = {p["name"] for p in record["params"] if p["type"]["kind"] == "tensor" and p["type"]["mutable"]}
+    mutable = {p["name"] for p in record["params"]
+               if p["type"]["kind"] in ("tensor", "tensor_list") and p["type"]["mutable"]}
     for schema in forms:
         written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
         outs = {o["name"] for o in record["outs"]} if schema is not functional else set()
