@@ -6,9 +6,10 @@ For layer ``i < num_layers`` (``r`` starting as ``initial_residual`` bf16 [num_t
     layer_input_i = mhc_pre_apply_mix(r, pre_mix_i)                 bf16 [num_tokens, H]
     if i < num_post:  r = residual_i = mhc_post(layer_output_i, r, post_mix_i, comb_mix_i)
 
-with the arithmetic of the single-layer kernels (``streams.apply_mix_value`` and
-``streams.post_value``, the helpers ``pre_apply_mix`` and ``post`` use) and ``r`` rounded to bf16
-after every layer, so the result equals the chained single-layer kernels bit for bit.
+with the arithmetic of the single-layer kernels (``stream_math.apply_mix_value`` and
+``stream_math.post_piece``, the helpers ``pre_apply_mix`` and ``post`` are built from) and ``r``
+rounded to bf16 after every layer, so the result equals the chained single-layer kernels bit for
+bit.
 
 Design
 ------
@@ -25,7 +26,7 @@ The lists are passed by value: ``MAX_LAYERS`` pointer parameters per list (one k
 each, unused ones null) and the run-time counts ``num_layers`` (1 ..  MAX_LAYERS) and
 ``num_post`` (``num_layers`` or ``num_layers - 1``).  The layer loop is unrolled at trace time
 with each layer guarded by the counts, so a launch needs no device-side pointer table and is
-CUDA-graph capturable; a call with more layers runs chained launches (host.h).  No static dim
+CUDA-graph capturable; a call with more layers runs chained launches (``host.h``).  No static dim
 but ``M``; the token count and hidden size are run-time values.
 """
 
@@ -33,12 +34,12 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.mhc import streams
-from kernels_tl.mhc.multilayer_recompute.schema import MAX_LAYERS  # the pointer parameters of each list
 from kernels_tl.mhc.stream_math import apply_mix_value, post_piece
 from kernels_tl.mhc.streams import PIECE, THREADS
 
 PASS_CONFIGS = streams.PASS_CONFIGS
 
+MAX_LAYERS = 16  # layers per launch: the pointer parameters of each list below (host.h: kLayersPerLaunch)
 MIN_BLOCKS_PER_SM = 2  # <= 128 registers: the streams, two slots of next-layer inputs
 
 

@@ -1,12 +1,11 @@
 """mhc.mhc_multilayer_recompute: one kernel per mhc_mult; the token count, hidden size and the
-numbers of layers and posts are run-time values (lists longer than ``MAX_LAYERS`` run as chained
+numbers of layers and posts are run-time values (more layers than one launch takes run as chained
 launches)."""
 
 from kernels_tl.mhc.stream_samples import BF16_GEMM, comb_mix, hidden, stream_mix, streams
 from kernels_tl.schema import Op, Param, Sample, Schema, Tensor, TensorList, Tensors
 
-MAX_LAYERS = 16  # layers per launch (kernel.py: the pointer parameters of each list)
-MAX_LIST = 64  # tensors per list in one call (the host's views of them)
+MAX_LIST = 64  # tensors per list in one call (the host's views of them); 16 layers per launch (kernel.py)
 
 
 def _args(num_layers: int, num_post: int, h: int) -> list:
