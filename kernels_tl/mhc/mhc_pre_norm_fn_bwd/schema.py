@@ -51,6 +51,7 @@ SCHEMA = Schema(
             # the reference's products are cuBLAS matmuls (their order unspecified); the kernel's
             # order is fixed (kernel.py, docs/ops.md)
             tolerance={"x_grad_out": BF16_GEMM, "fn_grad": HIDDEN_SUM},
+            token_dim=None,  # fn_grad sums over every token
             doc=("mhc_pre_norm_fn_bwd_mul(out_mul_grad, sqrsum_grad, residual, mhc_fn, x_grad=None) -> (x_grad "
                  "[num_tokens, M, H] bf16, fn_grad [M3, M * H] float32): with x = residual as [num_tokens, K], "
                  "x_grad = out_mul_grad @ mhc_fn + 2 * x * sqrsum_grad (+ the given x_grad, float32, one rounding), "
