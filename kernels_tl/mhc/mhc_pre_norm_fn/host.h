@@ -59,7 +59,6 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             static_cast<long long>(p.num_tokens));
   c.mhc_mult = p.mhc_mult;
   c.cluster = p.cluster;
-  c.weight = a.mhc_norm_weight.present ? 1 : 0;
   return true;
 }
 
@@ -72,11 +71,12 @@ inline bool needs_launch(const Plan& p) { return p.num_tokens > 0; }
 inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
   k.residual = a.residual.data;
   k.mhc_fn = a.mhc_fn.data;
-  // no weight: the kernel (weight 0) never reads it; any valid pointer stands in
+  // no weight: the kernel never reads it (has_weight == 0); any valid pointer stands in
   k.mhc_norm_weight = a.mhc_norm_weight.present ? a.mhc_norm_weight.data : a.mhc_fn.data;
   k.out = o.out.data;
   k.num_tokens = p.num_tokens;
   k.pieces = p.features / 4;
+  k.has_weight = a.mhc_norm_weight.present ? 1 : 0;
   k.eps = static_cast<float>(a.mhc_norm_eps);
   k.features = static_cast<float>(p.features);
   return true;

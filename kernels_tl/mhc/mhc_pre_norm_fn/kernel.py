@@ -31,10 +31,8 @@ tokens' 256-byte slices of x (``cp.async``, a ring of ``STAGES`` slots, issued
 into registers, multiplied by the norm weight and rounded to TF32 once per block (double
 buffered).  A phase ends with the running sums written to shared memory and each lane
 group's butterfly summed there; the last step's group sums meet (through distributed shared
-memory in a cluster) in the fixed 8-way tree.  The step loop has no branch but the phase-end
-test (prefetches past the last step read clamped, unused K pieces), so that the compiler
-schedules a step as one block.  K is a run-time value (a multiple of 1024); ``mhc_mult``,
-``cluster`` and ``weight`` (the norm weight given or not) are static.  Token offsets are 64-bit.
+memory in a cluster) in the fixed 8-way tree.  K is a run-time value (a multiple of 1024);
+``mhc_mult`` and ``cluster`` are static.  Token offsets are 64-bit.
 """
 
 from tilelang import language as T
@@ -55,7 +53,7 @@ TOKEN_GROUPS = TOKENS // TOKEN_GROUP  # 4
 HALVES = 2  # thread groups splitting the projection rows
 THREADS = GROUP * TOKEN_GROUPS * HALVES  # 256
 STAGES = 4  # x ring slots
-PAD = GROUP + 4  # shared row of one sum's 32 lane values, padded against bank conflicts (16-byte rows)
+PAD = GROUP + 1  # shared row of one sum's 32 lane values, padded against bank conflicts
 CLUSTERS = (1, 2, 4, 8)
 # Every shared-memory barrier is placed by hand (the step loop's one per step and the phase
 # ends'; see the comments there) and every index is in bounds by construction (x rows past the
@@ -73,14 +71,13 @@ __device__ __forceinline__ void tka_normfn_cp16(void* dst, const void* base, lon
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void tka_normfn_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void tka_normfn_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __device__ __forceinline__ void tka_normfn_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(""" + str(STAGES - 2) + r""") : "memory");
 }
 """
 
 
-def host_constants(mhc_mult, cluster, weight):
+def host_constants(mhc_mult, cluster):
     return {"span": SPAN, "tokens_per_block": TOKENS}
 
 
@@ -109,13 +106,12 @@ def _groups_tree(res, size, phases, at, remote):
     return _pair_tree([res[g * size + at] for g in range(GROUPS)])
 
 
-def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
-    assert cluster in CLUSTERS and weight in (0, 1)
+def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
+    assert cluster in CLUSTERS
     m3 = mhc_mult * (mhc_mult + 2)
     assert m3 % (HALVES * 4) == 0  # even mhc_mult: rows split in halves, the W slice in whole passes
     rows = m3 // HALVES  # projection rows per thread
     cols = m3 + 1  # per token: the m3 dot sums and the square sum
-    own = TOKEN_GROUP // HALVES  # tokens of a thread whose squares it sums
     phases = GROUPS // cluster  # lane groups per block
     w_passes = m3 * GROUP // THREADS  # float4 pieces of the W slice per thread and step
     x_passes = TOKENS * GROUP * PIECE * 2 // 16 // THREADS  # 16-byte copies of the x slice per thread
@@ -123,12 +119,6 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
     source = ASYNC_SOURCE + (CLUSTER_LOAD_SOURCE if cluster > 1 else "")
     num_tokens = T.dynamic("num_tokens", "int64")
     pieces = T.dynamic("pieces")  # K / PIECE
-
-    def token(tg, half, tt):
-        # the tile row of a thread's register token tt: its own half's tokens (whose squares it
-        # sums) first, so that one code path serves both halves
-        return T.if_then_else(tt < own, tg * TOKEN_GROUP + half * own + tt,
-                              tg * TOKEN_GROUP + (1 - half) * own + (tt - own))
 
     @T.macro
     def copy_x(xs, residual, x_at, slot, first, tid):
@@ -141,20 +131,20 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
                                      T.address_of(residual[0, 0, 0]), x_at[q] + T.Cast("int64", first) * (PIECE * 2)))
 
     @T.macro
-    def load_w(wn, nv, mhc_fn, mhc_norm_weight, first, tid):
+    def load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, first, tid):
         # this thread's raw pieces of a step's W slice: rows tid // 32 + 8 q, lane tid % 32
         for q in T.unroll(w_passes):
             for e in T.vectorized(PIECE):
                 wn[q, e] = mhc_fn[tid // GROUP + q * (THREADS // GROUP), first + tid % GROUP, e]
-        if weight:
+        if has_weight != 0:
             for e in T.vectorized(PIECE):
                 nv[e] = mhc_norm_weight[first + tid % GROUP, e]
 
     @T.macro
-    def store_w(ws, wn, nv, buf, tid):
+    def store_w(ws, wn, nv, has_weight, buf, tid):
         # the loaded pieces, weighted and rounded to TF32, into W buffer `buf`
         for q in T.unroll(w_passes):
-            if weight:
+            if has_weight != 0:
                 for e in T.unroll(PIECE):
                     wn[q, e] = T.ieee_mul(wn[q, e], nv[e])
             for e in T.unroll(PIECE):
@@ -168,6 +158,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
         mhc_fn: T.Tensor[(m3, pieces, PIECE), T.float32],
         mhc_norm_weight: T.Tensor[(pieces, PIECE), T.float32],
         out: T.Tensor[(num_tokens, m3), T.float32],
+        has_weight: T.int32,
         eps: T.float32,
         features: T.float32,  # K, exact in float32
     ):
@@ -190,7 +181,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
             dump = T.alloc_shared((TOKENS * cols * PAD,), T.float32)
             res = T.alloc_shared((phases * TOKENS * cols,), T.float32)
             acc = T.alloc_local((TOKEN_GROUP, rows), T.float32)
-            sq = T.alloc_local((own,), T.float32)
+            sq = T.alloc_local((TOKEN_GROUP // HALVES,), T.float32)
             xv = T.alloc_local((TOKEN_GROUP, PIECE // 2), T.uint32)
             xf = T.alloc_local((TOKEN_GROUP, PIECE), T.float32)
             wv = T.alloc_local((PIECE,), T.float32)
@@ -200,19 +191,19 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
             x_at = T.alloc_local((x_passes,), T.int64)
             total = T.alloc_var(T.float32)
             ssum = T.alloc_var(T.float32)
-            # (step within the phase, first K piece) of the next x copy and the next W load, the
-            # step within the phase computed, the phase computed
+            # (step within the phase, lane group) of the next x copy, the next W load and the
+            # step computed; the phase of the step computed
             x_i = T.alloc_var(T.int32)
-            x_first = T.alloc_var(T.int32)
+            x_g = T.alloc_var(T.int32)
             w_i = T.alloc_var(T.int32)
-            w_first = T.alloc_var(T.int32)
+            w_g = T.alloc_var(T.int32)
             c_i = T.alloc_var(T.int32)
             phase = T.alloc_var(T.int32)
 
             for tt in T.unroll(TOKEN_GROUP):
                 for r in T.unroll(rows):
                     acc[tt, r] = T.float32(0)
-            for k in T.unroll(own):
+            for k in T.unroll(TOKEN_GROUP // HALVES):
                 sq[k] = T.float32(0)
             # byte offsets of this thread's x copies in `residual` at K piece 0: rows past the
             # end read the last token (in bounds, never stored)
@@ -220,66 +211,77 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
                 x_at[q] = (T.min(t0 + tid // (THREADS // x_rows) + q * x_rows, num_tokens - 1) * pieces
                            + 2 * (tid % (THREADS // x_rows))) * (PIECE * 2)
             x_i = 0
-            x_first = rank * phases * GROUP
+            x_g = rank * phases
             w_i = 0
-            w_first = rank * phases * GROUP
+            w_g = rank * phases
             c_i = 0
             phase = 0
 
-            # The step loop has no branch but the phase end's: the copies and W loads of the
-            # steps past the last are issued too, from K pieces clamped into range (their data
-            # is never used), so that the compiler schedules a step as one block and interleaves
-            # its integer work (copies, W rounding, bf16 conversion) with the FMAs.  The next
-            # step of a counter (phase-major): the next i, or i = 0 of the next lane group.
             # prologue: x of steps 0 .. STAGES - 2 in flight, W of step 0 staged, of step 1 loading
             for s in T.unroll(STAGES - 1):
-                copy_x(xs, residual, x_at, s, T.min(x_first, pieces - GROUP), tid)
+                if s < steps:
+                    copy_x(xs, residual, x_at, s, x_i * LANES + x_g * GROUP, tid)
                 T.evaluate(T.call_extern("void", "tka_normfn_commit"))
-                x_i += 1
-                x_first += T.if_then_else(x_i == steps_per_phase, LANES + GROUP - pieces, LANES)
-                x_i = T.if_then_else(x_i == steps_per_phase, 0, x_i)
-            load_w(wn, nv, mhc_fn, mhc_norm_weight, T.min(w_first, pieces - GROUP), tid)
-            w_i += 1
-            w_first += T.if_then_else(w_i == steps_per_phase, LANES + GROUP - pieces, LANES)
-            w_i = T.if_then_else(w_i == steps_per_phase, 0, w_i)
-            store_w(ws, wn, nv, 0, tid)
-            load_w(wn, nv, mhc_fn, mhc_norm_weight, T.min(w_first, pieces - GROUP), tid)
-            w_i += 1
-            w_first += T.if_then_else(w_i == steps_per_phase, LANES + GROUP - pieces, LANES)
-            w_i = T.if_then_else(w_i == steps_per_phase, 0, w_i)
+                x_i += 1  # the next step, phase-major
+                if x_i == steps_per_phase:
+                    x_i = 0
+                    x_g += 1
+            load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
+            w_i += 1  # the next step, phase-major
+            if w_i == steps_per_phase:
+                w_i = 0
+                w_g += 1
+            store_w(ws, wn, nv, has_weight, 0, tid)
+            if steps > 1:
+                load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
+            w_i += 1  # the next step, phase-major
+            if w_i == steps_per_phase:
+                w_i = 0
+                w_g += 1
 
             for s in T.serial(steps):
                 T.evaluate(T.call_extern("void", "tka_normfn_wait"))  # this thread's copies of step s landed
                 # everyone's copies and W of step s are in, and everyone is done with step s - 1
                 # (its x slot, its W buffer, the last phase end's reads of dump)
                 T.sync_threads()
-                # into the slot step s - 1 used
-                copy_x(xs, residual, x_at, (s + STAGES - 1) % STAGES, T.min(x_first, pieces - GROUP), tid)
+                if s + STAGES - 1 < steps:
+                    # into the slot step s - 1 used
+                    copy_x(xs, residual, x_at, (s + STAGES - 1) % STAGES, x_i * LANES + x_g * GROUP, tid)
                 T.evaluate(T.call_extern("void", "tka_normfn_commit"))
-                x_i += 1
-                x_first += T.if_then_else(x_i == steps_per_phase, LANES + GROUP - pieces, LANES)
-                x_i = T.if_then_else(x_i == steps_per_phase, 0, x_i)
+                x_i += 1  # the next step, phase-major
+                if x_i == steps_per_phase:
+                    x_i = 0
+                    x_g += 1
 
                 # this step's x first, then W of step s + 1 into the other buffer (step s - 1's):
                 # integer work that covers the loads' latency; then W of step s + 2 loading, a
                 # whole step ahead
                 for tt in T.unroll(TOKEN_GROUP):
                     for e in T.vectorized(PIECE // 2):
-                        xv[tt, e] = xs[s % STAGES, token(tg, half, tt), a, e]
-                store_w(ws, wn, nv, (s + 1) % 2, tid)
-                load_w(wn, nv, mhc_fn, mhc_norm_weight, T.min(w_first, pieces - GROUP), tid)
-                w_i += 1
-                w_first += T.if_then_else(w_i == steps_per_phase, LANES + GROUP - pieces, LANES)
-                w_i = T.if_then_else(w_i == steps_per_phase, 0, w_i)
+                        xv[tt, e] = xs[s % STAGES, tg * TOKEN_GROUP + tt, a, e]
+                if s + 1 < steps:
+                    store_w(ws, wn, nv, has_weight, (s + 1) % 2, tid)
+                    if s + 2 < steps:
+                        load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
+                w_i += 1  # the next step, phase-major
+                if w_i == steps_per_phase:
+                    w_i = 0
+                    w_g += 1
 
                 # bf16 -> float32 is the 16 bits moved up: the low half of a pair is the earlier element
                 for tt in T.unroll(TOKEN_GROUP):
                     for e in T.unroll(PIECE // 2):
                         xf[tt, 2 * e] = T.reinterpret(xv[tt, e] << T.uint32(16), T.float32)
                         xf[tt, 2 * e + 1] = T.reinterpret(xv[tt, e] & T.uint32(0xFFFF0000), T.float32)
-                for k in T.unroll(own):
-                    for e in T.unroll(PIECE):
-                        sq[k] = sq[k] + xf[k, e] * xf[k, e]
+                # squares: half 0 for tokens 0-3 of the thread's 8, half 1 for tokens 4-7
+                if half == 0:
+                    for k in T.unroll(TOKEN_GROUP // HALVES):
+                        for e in T.unroll(PIECE):
+                            sq[k] = sq[k] + xf[k, e] * xf[k, e]
+                else:
+                    for k in T.unroll(TOKEN_GROUP // HALVES):
+                        for e in T.unroll(PIECE):
+                            sq[k] = sq[k] + xf[TOKEN_GROUP // HALVES + k, e] * xf[TOKEN_GROUP // HALVES + k, e]
                 for r in T.unroll(rows):
                     for e in T.vectorized(PIECE):
                         wv[e] = ws[s % 2, half * rows + r, a, e]
@@ -295,18 +297,17 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
                     c_i = 0
                     for tt in T.unroll(TOKEN_GROUP):
                         for r in T.unroll(rows):
-                            dump[(token(tg, half, tt) * cols + half * rows + r) * PAD + a] = acc[tt, r]
+                            dump[((tg * TOKEN_GROUP + tt) * cols + half * rows + r) * PAD + a] = acc[tt, r]
                             acc[tt, r] = T.float32(0)
-                    for k in T.unroll(own):
-                        dump[(token(tg, half, k) * cols + m3) * PAD + a] = sq[k]
+                    for k in T.unroll(TOKEN_GROUP // HALVES):
+                        dump[((tg * TOKEN_GROUP + half * (TOKEN_GROUP // HALVES) + k) * cols + m3) * PAD + a] = sq[k]
                         sq[k] = T.float32(0)
                     T.sync_threads()
                     # each sum's butterfly over the group's 32 lanes: m + 16, + 8, + 4, + 2, + 1
                     for q in T.unroll((TOKENS * cols + THREADS - 1) // THREADS):
                         if tid + q * THREADS < TOKENS * cols:
-                            for m in T.unroll(GROUP // 4):
-                                for e in T.vectorized(4):
-                                    lv[m * 4 + e] = dump[(tid + q * THREADS) * PAD + m * 4 + e]
+                            for m in T.unroll(GROUP):
+                                lv[m] = dump[(tid + q * THREADS) * PAD + m]
                             for m in T.unroll(16):
                                 lv[m] = lv[m] + lv[m + 16]
                             for m in T.unroll(8):
@@ -318,8 +319,6 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, weight):
                             lv[0] = lv[0] + lv[1]
                             res[phase * (TOKENS * cols) + tid + q * THREADS] = lv[0]
                     phase += 1
-            # the copies issued for the steps past the last land before the block may exit
-            T.evaluate(T.call_extern("void", "tka_normfn_wait_all"))
 
             # the 8 lane groups' sums of each output, pairwise; in a cluster every block's res is
             # read through distributed shared memory, each block writing a share of the tile

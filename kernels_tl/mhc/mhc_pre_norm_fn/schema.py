@@ -1,7 +1,6 @@
-"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, weight); the token count and K =
-mhc_mult * hidden (a multiple of 1024) are run-time values, the host picks the cluster size
-(blocks per 32-token tile: 1, 2, 4 or 8) from the token count and K, and `weight` (0 or 1) from
-whether mhc_norm_weight is given."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
+hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
+per 32-token tile: 1, 2, 4 or 8) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -33,13 +32,10 @@ _SAMPLES = [
     # last tile), 2 at 2048 tokens, 4 at the 1000-token samples, 8 at decode and the split-K rows
     Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
-    # the norm weight is a static config: its kernels at cluster sizes 2 and 4
-    Sample("cluster 2, norm weight: 2048 tokens, hidden 1280", 2048, _args(1280, True)),
-    Sample("cluster 4, norm weight: 1000 tokens, hidden 2560", 1000, _args(2560, True)),
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult", "cluster", "weight"),
+    static=("mhc_mult", "cluster"),
     ops=[
         Op(
             module="mhc",
