@@ -21,10 +21,7 @@ Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written
   stores the vectors to each routed row; then, if fused row ``r`` is padding (its flag
   loaded with the row), zeroes it.  Every load is issued before the first store, so one
   memory round trip serves a thread (top-k <= 8).  The scale-factor words follow the same
-  lanes (``lane, lane + lanes, ...``), one 32-bit word each; the first ``SFW`` of a lane
-  are loaded with its row (the rest, past ``SFW * lanes`` words, in a loop after it).
-* ``VPT = 8`` vectors (128 bytes) per thread at 3 blocks of 256 threads per SM: 96 KB of
-  row loads in flight per SM.
+  lanes (``lane, lane + lanes, ...``), one 32-bit word each.
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
   the flat thread index is 32-bit (the host bounds ``slots * lanes_per_row``).
@@ -38,10 +35,9 @@ from tilelang import language as T
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
 THREADS = 256
-VPT = 8  # 16-byte vectors per thread (128 bytes of a row in flight per thread)
-SFW = 2  # scale-factor words per thread loaded with the row (more: a loop after it)
+VPT = 4  # 16-byte vectors per thread (64 bytes of a row in flight per thread)
 KC = 8  # positions loaded together (top-k <= 8 in one round trip; more in rounds of 8)
-MIN_BLOCKS_PER_SM = 3  # <= 85 registers: 768 threads, 96 KB of loads in flight per SM
+MIN_BLOCKS_PER_SM = 4  # <= 64 registers: 1024 threads, 64 KB of loads in flight per SM
 PASS_CONFIGS = {
     "tl.disable_tma_lower": True,
     "tl.disable_warp_specialized": True,
@@ -81,7 +77,6 @@ def expand_to_fused_kernel():
             tid = T.get_thread_binding()
             buf = T.alloc_local((VPT, 4), T.uint32)
             pos = T.alloc_local((KC,), T.int32)
-            words = T.alloc_local((SFW,), T.uint32)
             word = T.alloc_var(T.uint32)
             row = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
@@ -89,23 +84,7 @@ def expand_to_fused_kernel():
             lane = (bid * THREADS + tid) - row * lanes_per_row
 
             # Every load is issued before the first store (the compiler may not move loads of
-            # x past stores to out): the row's vectors, first scale-factor words and first KC
-            # positions, then the padding flag.  The flag comes last: a register spilled right
-            # after its load would hold the loads after it back by a round trip.
-            if row < num_tokens:
-                for j in T.unroll(VPT):
-                    if lane + j * lanes_per_row < row_vecs:
-                        for u in T.vectorized(4):
-                            buf[j, u] = x[row, lane + j * lanes_per_row, u]
-                # the first SFW scale-factor words of the lane travel with the row
-                for s in T.unroll(SFW):
-                    words[s] = T.uint32(0)
-                    if lane + s * lanes_per_row < sf_cols:
-                        words[s] = x_sf[row, lane + s * lanes_per_row]
-                for i in T.unroll(KC):
-                    pos[i] = -1
-                    if i < num_topk:
-                        pos[i] = token_topk_to_pos[row, i]
+            # x past stores to out): the row's padding flag, its vectors, its first positions.
             padding = T.alloc_var(T.bool)
             padding = False
             if row < num_rows:
@@ -113,24 +92,22 @@ def expand_to_fused_kernel():
 
             # ---- a token: its row to every fused row it is routed to
             if row < num_tokens:
+                for j in T.unroll(VPT):
+                    if lane + j * lanes_per_row < row_vecs:
+                        for u in T.vectorized(4):
+                            buf[j, u] = x[row, lane + j * lanes_per_row, u]
                 for c in T.serial(T.ceildiv(num_topk, KC)):
-                    if c > 0:  # the first chunk came with the row
-                        for i in T.unroll(KC):
-                            pos[i] = -1
-                            if c * KC + i < num_topk:
-                                pos[i] = token_topk_to_pos[row, c * KC + i]
+                    for i in T.unroll(KC):
+                        pos[i] = -1
+                        if c * KC + i < num_topk:
+                            pos[i] = token_topk_to_pos[row, c * KC + i]
                     for i in T.unroll(KC):
                         if pos[i] >= 0 and pos[i] < num_rows:
                             for j in T.unroll(VPT):
                                 if lane + j * lanes_per_row < row_vecs:
                                     for u in T.vectorized(4):
                                         out[pos[i], lane + j * lanes_per_row, u] = buf[j, u]
-                    for s in T.unroll(SFW):
-                        if lane + s * lanes_per_row < sf_cols:
-                            for i in T.unroll(KC):
-                                if pos[i] >= 0 and pos[i] < num_rows:
-                                    out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
-                    for s in T.serial(SFW, T.max(T.ceildiv(sf_cols, lanes_per_row), SFW)):
+                    for s in T.serial(T.ceildiv(sf_cols, lanes_per_row)):
                         if lane + s * lanes_per_row < sf_cols:
                             word = x_sf[row, lane + s * lanes_per_row]
                             for i in T.unroll(KC):

@@ -52,7 +52,7 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   // (token, lane) with a stride of the grid's threads
   const int64_t items = p.num_tokens * lanes;
   const int64_t blocks = std::min<int64_t>((items + c.threads - 1) / c.threads, p.sms * c.blocks_per_sm);
-  TKA_CHECK(items + 2 * blocks * c.threads <= 2147483647, "token_topk_to_pos", "has too many rows for one launch");
+  TKA_CHECK(items + blocks * c.threads <= 2147483647, "token_topk_to_pos", "has too many rows for one launch");
   TKA_CHECK(aligned(o.out.data, 16), "out", "must start 16-byte aligned");
   k.x = a.x.data;
   k.x_sf = a.x_sf.present ? a.x_sf.data : nullptr;
