@@ -64,7 +64,7 @@ MAX_BLOCKS = 32  # ... up to this many (a warp chunk each at most)
 ROWS_PER_CLUSTER = 65536  # cluster path: one cluster per this many rows and as many entries ...
 # ... up to this many (each counts every entry; they share placement and padding).  4 x 16 full-SM
 # blocks fit one wave of a 132-SM part; past 4 the padding tail's int32 stride needs 64 bits.
-# This variant keeps one cluster (no redundant counting).
+# One: the 4-cluster split is not kept (notes.md, 'Tried: 4 clusters').
 MAX_CLUSTERS = 1
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
