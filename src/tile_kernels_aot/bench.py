@@ -395,6 +395,16 @@ def _tilekernels_importable() -> bool:
     return importlib.util.find_spec("tile_kernels") is not None
 
 
+def _context_lost(error: Exception) -> bool:
+    """Whether ``error`` is a fault that leaves this process's CUDA context unusable (an illegal
+    address, a trap, a launch timeout: the driver reports it on every later call)."""
+    text = str(error)
+    return any(code in text for code in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                                          "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_HARDWARE_STACK_ERROR",
+                                          "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT",
+                                          "illegal memory access", "unspecified launch failure"))
+
+
 def run(json_path=None, only=None, sample_prefixes=None) -> int:
     """Host-time loops first, in a process that has not loaded CUPTI (the profiler) or
     TileLang (TileKernels), which both slow the host path; then the CUPTI kernel times;
@@ -411,7 +421,8 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
                             [(f"{r['module']}.{r['name']}", s) for r, s in cases if not s.get("host_sync")])
         print(f"bench: TileKernels compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     copy_tbs = copy_bandwidth_tbs()
-    rows, later, skipped = [], [], []
+    gpu = torch.cuda.get_device_name()  # before any op: a fault below leaves CUDA unusable
+    rows, later, skipped, lost = [], [], [], False
     for record, sample in cases:
         if sample.get("host_sync"):  # waits for the device: no CUDA graph, no pipelined loop
             skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
@@ -426,6 +437,10 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
                       else f"failed: {type(e).__name__}: {e}"[:300])
             skipped.append({"op": f"{record['module']}.{record['name']}", "sample": sample["name"],
                             "num_tokens": sample["tokens"], "reason": reason})
+            print(f"bench: skipped: {reason}", file=sys.stderr, flush=True)
+            if _context_lost(e):  # every later CUDA call fails with this error: report what ran
+                later, with_tilekernels, lost = [], False, True
+                break
             continue
         rows.append(row)
         later.append((row, calls, data))
@@ -434,7 +449,7 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
         row["kernel_us"] = _kernel_time_us(calls)
 
     def report():
-        result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tbs": copy_tbs,
+        result = {"gpu": gpu, "torch": torch.__version__, "copy_tbs": copy_tbs,
                   "first_call_ms": first, "date": time.strftime("%Y-%m-%d"), "rows": rows, "skipped": skipped}
         if json_path:
             with open(json_path, "w") as f:
@@ -443,7 +458,7 @@ def run(json_path=None, only=None, sample_prefixes=None) -> int:
 
     if not with_tilekernels:
         report()
-        return 0
+        return 1 if lost else 0
     # our rows first, so that they stand even if TileKernels' compiles run past a time limit
     report()
     for row, _, data in later:

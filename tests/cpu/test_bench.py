@@ -75,3 +75,14 @@ def test_every_sample_of_this_build_is_a_bench_case():
 def test_bench_without_gpu_exits_nonzero():
     out = subprocess.run([sys.executable, "-m", "tile_kernels_aot", "bench"], capture_output=True, text=True)
     assert out.returncode == 1 and "no CUDA device" in out.stderr
+
+
+def test_a_kernel_fault_ends_the_run_with_the_rows_so_far():
+    """A fault that poisons the CUDA context (every later call fails with it) stops the run
+    after the faulting sample; a refused call or a missing config does not."""
+    fault = RuntimeError("moe.expand_to_fused: launch failed: CUDA_ERROR_ILLEGAL_ADDRESS "
+                         "(an illegal memory access was encountered)")
+    assert bench._context_lost(fault)
+    assert bench._context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not bench._context_lost(ValueError("quant.per_token_cast: no prebuilt kernel for hidden=100"))
+    assert not bench._context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
