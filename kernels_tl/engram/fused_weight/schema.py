@@ -14,8 +14,8 @@ SCHEMA = Schema(
             returns=["weight_fused"],
             reference="tile_kernels_aot.torch.engram.fused_weight",
             samples=[
-                Sample("hc=4, hidden=7168", 1, [Randn([4, 7168], "bfloat16"), Randn([4, 7168], "bfloat16")]),
-                Sample("hc=4, hidden=2048", 1, [Randn([4, 2048], "bfloat16"), Randn([4, 2048], "bfloat16")]),
+                Sample("upstream: hc=4, hidden=7168", 1, [Randn([4, 7168], "bfloat16"), Randn([4, 7168], "bfloat16")]),
+                Sample("upstream: hc=4, hidden=2048", 1, [Randn([4, 2048], "bfloat16"), Randn([4, 2048], "bfloat16")]),
                 Sample("hc=4, hidden=4096", 1, [Randn([4, 4096], "bfloat16"), Randn([4, 4096], "bfloat16")]),
                 Sample("hc=2, hidden=1024", 1, [Randn([2, 1024], "bfloat16"), Randn([2, 1024], "bfloat16")]),
             ],

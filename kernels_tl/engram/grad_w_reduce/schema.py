@@ -28,8 +28,8 @@ SCHEMA = Schema(
             returns=[],
             reference="tile_kernels_aot.torch.engram.grad_w_reduce",
             samples=[
-                _sample("hidden=7168", 132, 4, 7168),  # upstream's benchmark shapes (P = the H200's SMs)
-                _sample("hidden=2048", 132, 4, 2048),
+                _sample("upstream: hidden 7168", 132, 4, 7168),  # P = the H200's SMs
+                _sample("upstream: hidden 2048", 132, 4, 2048),
                 _sample("hidden=4096", 132, 4, 4096),
                 _sample("P=148 (B200), hc=2", 148, 2, 1024),
                 _sample("P=5", 5, 4, 512),
