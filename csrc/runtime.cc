@@ -791,6 +791,8 @@ int device_sm_count(const char* op, int device) {
   return device_arch(op, device) < 0 ? -1 : g_device_sms[device].load(std::memory_order_relaxed);
 }
 
+int plan_sm_count(const char* op, int device) { return device < 0 ? 132 : device_sm_count(op, device); }
+
 int device_arch(const char* op, int device) {
   if (device < 0 || device >= kMaxDevices) {
     value_error(op, "inputs must be CUDA tensors (device ordinal %d)", device);

@@ -165,6 +165,9 @@ int device_arch(const char* op, int device);
 // The streaming-multiprocessor count of a CUDA device (queried with its arch, once), or -1 with
 // an error set.
 int device_sm_count(const char* op, int device);
+// The SM count a plan sizes a grid by: device_sm_count for a CUDA tensor's device, 132 (an
+// H200's) for a tensor off CUDA, whose call only plans (argument checks, config lookup).
+int plan_sm_count(const char* op, int device);
 union ParamSlot;
 // torch's current stream of `device` (nullptr, the legacy default stream, before any
 // torch tensor was seen); a stub asks once per call, for its outputs and its launch.

@@ -55,13 +55,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(T <= 1 || a.v.stride[0] % 8 == 0, "v.stride(0)", "must be a multiple of 8 (16-byte aligned rows), got %lld",
             static_cast<long long>(a.v.stride[0]));
   // one block per SM of the device (the reference's P); 132 for a tensor off CUDA, as the reference
-  const int device = a.hidden_states.device;
-  p.num_blocks = 132;
-  if (device >= 0) {
-    const int sms = device_sm_count(op, device);
-    if (sms < 0) return false;
-    p.num_blocks = sms;
-  }
+  p.num_blocks = plan_sm_count(op, a.hidden_states.device);
+  if (p.num_blocks < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
   return true;

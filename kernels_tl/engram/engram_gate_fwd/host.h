@@ -40,12 +40,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(T <= 1 || a.v.stride[0] % 8 == 0, "v.stride(0)", "must be a multiple of 8 (16-byte aligned rows), got %lld",
             static_cast<long long>(a.v.stride[0]));
   // the persistent grid: blocks_per_sm blocks per SM of the device (132 for a tensor off CUDA)
-  p.sms = 132;
-  if (a.hidden_states.device >= 0) {
-    const int sms = device_sm_count(op, a.hidden_states.device);
-    if (sms < 0) return false;
-    p.sms = sms;
-  }
+  p.sms = plan_sm_count(op, a.hidden_states.device);
+  if (p.sms < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
   return true;

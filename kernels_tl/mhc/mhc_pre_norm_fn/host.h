@@ -47,12 +47,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(m3 * K <= (int64_t{1} << 31) - 1, "mhc_fn", "must have fewer than 2^31 elements, got %lld", m3 * K);
   TKA_CHECK(aligned(a.residual.data, 16), "residual", "must start 16-byte aligned");
   TKA_CHECK(aligned(a.mhc_fn.data, 16), "mhc_fn", "must start 16-byte aligned");
-  int64_t sms = 132;  // a tensor off CUDA (the config lookup without a GPU)
-  if (a.residual.device >= 0) {
-    const int n = device_sm_count(op, a.residual.device);
-    if (n < 0) return false;
-    sms = n;
-  }
+  const int sms = plan_sm_count(op, a.residual.device);
+  if (sms < 0) return false;  // the device query failed (error set)
   p.cluster = pick_cluster(p.num_tokens, K, sms);
   TKA_CHECK((p.num_tokens + 31) / 32 * p.cluster <= INT32_MAX, "residual",
             "must have fewer than 2^31 / %lld tiles of 32 tokens, got %lld tokens", static_cast<long long>(p.cluster),

@@ -54,12 +54,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(aligned(a.residual.data, 16), "residual", "must start 16-byte aligned");
   TKA_CHECK(aligned(a.out_mul_grad.data, 16), "out_mul_grad", "must start 16-byte aligned");
   TKA_CHECK(aligned(a.sqrsum_grad.data, 4), "sqrsum_grad", "must start 4-byte aligned");
-  int64_t sms = 132;  // a tensor off CUDA (the config lookup without a GPU)
-  if (a.residual.device >= 0) {
-    const int n = device_sm_count(op, a.residual.device);
-    if (n < 0) return false;
-    sms = n;
-  }
+  const int sms = plan_sm_count(op, a.residual.device);
+  if (sms < 0) return false;  // the device query failed (error set)
   p.cluster = pick_cluster(p.num_tokens, K, sms);
   c.mhc_mult = p.mhc_mult;
   c.cluster = p.cluster;

@@ -33,7 +33,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   }
   TKA_CHECK(p.e4m3 || !a.sf.present, "sf", "is only supported with fp8 output (fp8_format='e4m3')");
   TKA_CHECK(!a.sf.present || a.sf.shape[0] >= 1, "sf", "must hold the output scale (shape [1]), got an empty tensor");
-  p.sms = a.x.device >= 0 ? device_sm_count(op, a.x.device) : 132;
+  p.sms = plan_sm_count(op, a.x.device);
   if (p.sms < 0) return false;  // the device query failed (error set)
   c.in_dtype = a.x.dtype;
   c.out_dtype = p.e4m3 ? E4M3 : a.x.dtype;

@@ -42,7 +42,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.sms = 0;
   if (a.clamped_count.present && npc == 128 && a.x.dtype == BF16) {
     c.plain = 2;
-    p.sms = a.x.device >= 0 ? device_sm_count(op, a.x.device) : 132;
+    p.sms = plan_sm_count(op, a.x.device);
     if (p.sms < 0) return false;  // the device query failed (error set)
   }
   return true;
