@@ -114,8 +114,25 @@ def test_generated_stub_compiles(lowered, tmp_path):
     record = kernel_build_record(lowered, "sm_90a/x.cubin", b"\0")
     unit = {"configs": [{"config": lowered.config, "key": config_key(lowered.config),
                          "constants": lower.host_constants("moe.topk_gate", lowered.config), "builds": {"sm_90a": record}}]}
-    paths = stubgen.write_stubs(tmp_path, [(folder.kernel, folder.schema, unit, folder.path)])
-    includes = [f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'third_party'}", f"-I{tmp_path / 'include'}",
+    _assert_stubs_compile(stubgen.write_stubs(tmp_path, [(folder.kernel, folder.schema, unit, folder.path)]), tmp_path)
+
+
+def test_stub_of_a_folder_the_table_leaves_out_compiles(tmp_path):
+    """A table that lists none of an op folder's configs (a model's own table): the folder's
+    stub compiles without its host.h (whose kernel arguments were never lowered) and its ops
+    refuse every call as not prebuilt."""
+    from aot import stubgen
+    from kernels_tl.folders import op_folder
+
+    folder = op_folder("engram.engram_gate_fwd")
+    paths = stubgen.write_stubs(tmp_path, [(folder.kernel, folder.schema, {"configs": []}, folder.path)])
+    unit = paths[0].read_text()
+    assert "host.h" not in unit and unit.count("not_prebuilt(op,") == len(folder.schema.ops)
+    _assert_stubs_compile(paths, tmp_path)
+
+
+def _assert_stubs_compile(paths, stub_dir):
+    includes = [f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'third_party'}", f"-I{stub_dir / 'include'}",
                 f"-I{sysconfig.get_paths()['include']}"]
     for path in paths:
         result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", *includes, str(path)],
