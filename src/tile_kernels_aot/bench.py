@@ -483,8 +483,10 @@ def format_table(result: dict) -> str:
                     f"{r['overhead_out_us']:+.2f} / {r['overhead_alloc_us']:+.2f}")
         else:
             host = "- | - | - | - | - | -"
+        # no kernel time for the rows before a fault that lost the CUDA context (CUPTI needs it)
+        kernel = f"{r['kernel_us']:.1f}" if "kernel_us" in r else "-"
         lines.append(f"| {r['op']} | {r.get('sample', '')} | {r['num_tokens']} | {r['device_us']:.1f} | "
-                     f"{r['kernel_us']:.1f} | {r['tbs']:.2f} | {100 * r['copy_share']:.0f}% | {host} | "
+                     f"{kernel} | {r['tbs']:.2f} | {100 * r['copy_share']:.0f}% | {host} | "
                      f"{r['reference_us']:.1f} |")
     upstream = [r for r in result["rows"] if "tilekernels_kernel_us" in r]
     if upstream:

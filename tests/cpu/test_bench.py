@@ -86,3 +86,10 @@ def test_a_kernel_fault_ends_the_run_with_the_rows_so_far():
     assert bench._context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not bench._context_lost(ValueError("quant.per_token_cast: no prebuilt kernel for hidden=100"))
     assert not bench._context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    # the rows measured before the fault have no kernel time (CUPTI needs the lost context)
+    row = _row("moe.reduce_fused", "decode", 128)
+    del row["kernel_us"]
+    text = bench.format_table({"gpu": "GPU", "torch": "2.x", "date": "d", "copy_tbs": 4.0, "first_call_ms": None,
+                               "rows": [row], "skipped": [{"op": "moe.reduce_fused", "sample": "upstream",
+                                                           "num_tokens": 18356, "reason": f"failed: {fault}"}]})
+    assert any(line.startswith("| moe.reduce_fused | decode | 128 | 43.2 | - |") for line in text.splitlines())
