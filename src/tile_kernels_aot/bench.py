@@ -330,14 +330,17 @@ def upstream_function(op: str):
 
 
 def upstream_args(op: str, args, kwargs, tokens: int):
-    """The arguments of TileKernels' function for ``op``: ours, except that upstream's mHC ops
-    take a leading sequence dimension (``(num_seqs, num_tokens, ...)``), which ours flatten, so
-    each token-leading tensor gets a leading dimension of 1 there."""
-    if not op.startswith("mhc."):
-        return args, kwargs
+    """The arguments of TileKernels' function for ``op``: ours, except that integer pairs are
+    tuples (a sample's ``x_block_size`` comes back from the manifest's JSON as a list, which
+    upstream's asserts refuse) and that upstream's mHC ops take a leading sequence dimension
+    (``(num_seqs, num_tokens, ...)``), which ours flatten, so each token-leading tensor gets a
+    leading dimension of 1 there."""
+    mhc = op.startswith("mhc.")
 
     def seq(v):
-        return v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == tokens else v
+        if isinstance(v, list) and v and all(isinstance(i, int) for i in v):
+            return tuple(v)
+        return v.unsqueeze(0) if mhc and isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == tokens else v
 
     return [seq(v) for v in args], {k: seq(v) for k, v in kwargs.items()}
 

@@ -93,3 +93,13 @@ def test_a_kernel_fault_ends_the_run_with_the_rows_so_far():
                                "rows": [row], "skipped": [{"op": "moe.reduce_fused", "sample": "upstream",
                                                            "num_tokens": 18356, "reason": f"failed: {fault}"}]})
     assert any(line.startswith("| moe.reduce_fused | decode | 128 | 43.2 | - |") for line in text.splitlines())
+
+
+def test_upstream_arguments():
+    """TileKernels gets integer pairs as tuples (its asserts refuse the list a sample's JSON
+    gives) and, for mHC ops, a leading sequence dimension on token-leading tensors."""
+    x = torch.zeros(4, 8)
+    args, kwargs = bench.upstream_args("quant.per_token_cast", [x, "e4m3", 128], {"x_block_size": [128, 128]}, 4)
+    assert args[0] is x and kwargs == {"x_block_size": (128, 128)}
+    args, kwargs = bench.upstream_args("mhc.sinkhorn_normalize", [x, torch.zeros(3, 4)], {"repeat": 10}, 4)
+    assert args[0].shape == (1, 4, 8) and args[1].shape == (3, 4) and kwargs == {"repeat": 10}
