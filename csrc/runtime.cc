@@ -489,7 +489,7 @@ struct SharedBlob {
 // torch, and a capturing stream never takes a kept blob. At most kKeptBlobs blobs of
 // kMaxKeptBytes each are kept; empty_cache() hands them back to torch.
 constexpr int kKeptBlobs = 8;
-constexpr int64_t kMaxKeptBytes = int64_t{2} << 20;
+constexpr int64_t kMaxKeptBytes = int64_t{8} << 20;  // a decode call of hidden 7168 x 4 streams (7 MiB) fits
 
 struct KeptBlobs {
   std::mutex lock;

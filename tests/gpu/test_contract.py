@@ -154,7 +154,7 @@ def test_freed_outputs_reused_on_their_stream_only(name, call, per_token, gen):
 
 
 # the largest allocation of a call's outputs the runtime keeps for reuse (csrc/runtime.cc)
-KEPT_BLOB_BYTES = 2 << 20
+KEPT_BLOB_BYTES = 8 << 20
 
 
 def _blob_bytes(outputs) -> int:
