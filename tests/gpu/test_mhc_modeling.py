@@ -47,8 +47,12 @@ def test_pre_big_fuse_runs_its_steps_on_the_kernels(tokens):
     assert_bits_equal(layer_input, impl.mhc_pre_apply_mix(p["residual"], pre_k))
 
     post_r, comb_r, layer_input_r = ref.mhc_pre_big_fuse(*args)
-    torch.testing.assert_close(post, post_r, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(comb, comb_r, rtol=1e-5, atol=1e-6)
+    # the norm-fn kernel's mixes differ from the reference's by its projection's summation order
+    # (up to 1e-4 of the largest mix by its stated bound, ~2e-6 of it at K = 10240 by a
+    # truncating-accumulator model); post = 2 sigmoid(scale * mix + base) and sinkhorn's comb move
+    # by at most scale * that relative (softmax: up to twice), which rtol 1e-5 does not cover
+    torch.testing.assert_close(post, post_r, rtol=5e-5, atol=1e-6)
+    torch.testing.assert_close(comb, comb_r, rtol=5e-5, atol=1e-6)
     torch.testing.assert_close(layer_input.float(), layer_input_r.float(), rtol=2 ** -7, atol=1e-3)
 
 

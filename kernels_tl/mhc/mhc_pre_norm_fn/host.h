@@ -9,12 +9,12 @@ struct Plan {
   int64_t num_tokens, mhc_mult, hidden, features, rows, cluster;
 };
 
-// Blocks per 32-token tile (each walks 8 / cluster of the 8 lane groups, K / 1024 steps each):
+// Blocks per 64-token tile (each walks 8 / cluster of the 8 lane groups, K / 1024 steps each):
 // the size with the fewest waves of block time, counting a block's pipeline fill and final
 // tree as 3 steps and clusters of 4 or 8 as fitting `sms` rounded down to 8 blocks; ties go
 // to the smaller cluster.  Every size sums in the same order (the result never depends on it).
 inline int64_t pick_cluster(int64_t num_tokens, int64_t features, int64_t sms) {
-  const int64_t tiles = (num_tokens + 31) / 32, steps = features / 1024;
+  const int64_t tiles = (num_tokens + 63) / 64, steps = features / 1024;
   int64_t best = 1, best_cost = -1;
   for (int64_t c : {1, 2, 4, 8}) {
     int64_t slots = c >= 4 ? sms - sms % 8 : sms;
@@ -50,8 +50,8 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   const int sms = plan_sm_count(op, a.residual.device);
   if (sms < 0) return false;  // the device query failed (error set)
   p.cluster = pick_cluster(p.num_tokens, K, sms);
-  TKA_CHECK((p.num_tokens + 31) / 32 * p.cluster <= INT32_MAX, "residual",
-            "must have fewer than 2^31 / %lld tiles of 32 tokens, got %lld tokens", static_cast<long long>(p.cluster),
+  TKA_CHECK((p.num_tokens + 63) / 64 * p.cluster <= INT32_MAX, "residual",
+            "must have fewer than 2^31 / %lld tiles of 64 tokens, got %lld tokens", static_cast<long long>(p.cluster),
             static_cast<long long>(p.num_tokens));
   c.mhc_mult = p.mhc_mult;
   c.cluster = p.cluster;
@@ -67,11 +67,12 @@ inline bool needs_launch(const Plan& p) { return p.num_tokens > 0; }
 inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
   k.residual = a.residual.data;
   k.mhc_fn = a.mhc_fn.data;
-  // no weight: the kernel never reads it (has_weight == 0); any valid pointer stands in
+  // no weight: the kernel copies K floats from it but never uses them (has_weight == 0); mhc_fn
+  // (M3 * K floats) stands in
   k.mhc_norm_weight = a.mhc_norm_weight.present ? a.mhc_norm_weight.data : a.mhc_fn.data;
   k.out = o.out.data;
   k.num_tokens = p.num_tokens;
-  k.pieces = p.features / 4;
+  k.chunks = p.features / 128;
   k.has_weight = a.mhc_norm_weight.present ? 1 : 0;
   k.eps = static_cast<float>(a.mhc_norm_eps);
   k.features = static_cast<float>(p.features);

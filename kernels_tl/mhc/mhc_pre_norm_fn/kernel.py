@@ -1,38 +1,43 @@
-"""mhc.mhc_pre_norm_fn: the RMS-normalised projection of the flattened mHC streams.
+"""mhc.mhc_pre_norm_fn: the RMS-normalised projection of the flattened mHC streams, on tensor cores.
 
 ``residual`` bf16 [T, M, H] read as x [T, K] (K = M * H), ``mhc_fn`` fp32 [M3, K]
 (M3 = M * (M + 2)), optional ``mhc_norm_weight`` fp32 [K] -> ``out`` fp32 [T, M3]::
 
     w[j, k]   = tf32(mhc_fn[j, k] * normw[k])          (the product rounded once; no weight: mhc_fn)
-    dot[t, j] = sum_k x[t, k] * w[j, k]                 (the lane order below)
-    sq[t]     = sum_k x[t, k] * x[t, k]                 (the same order)
+    dot[t, j] = sum_k x[t, k] * w[j, k]                 (bf16 tensor-core MMA, float32 accumulation)
+    sq[t]     = sum_k x[t, k] * x[t, k]                 (CUDA cores, the reference's lane order)
     out[t, j] = dot[t, j] * rsqrt(sq[t] / K + eps)
 
-``tf32(v)`` adds 0x1000 to the float32 bits and clears the low 13 (round half away from
-zero to 10 mantissa bits, as TileKernels rounds the projection before its TF32 GEMM).  A bf16
-times a TF32 value is exact in float32, so every multiply-add below rounds once, at the add,
-whether or not the compiler fuses it: the sums are bit-for-bit those of the reference
-(``tile_kernels_aot.torch.mhc._lane_order_dot``).
+``tf32(v)`` adds 0x1000 to the float32 bits and clears the low 13 (TileKernels' rounding of the
+projection before its TF32 GEMM): 11 significant bits.  Each w splits exactly into two bf16
+values, ``hi`` (w with the low 16 bits cleared: 8 significant bits) and ``lo = w - hi`` (at most
+3 significant bits), so one bf16 GEMM with N = 2 * M3 columns ``[hi; lo]`` has only exact
+products; ``dot = hi-sum + lo-sum``.  Only the order of the float32 additions differs from the
+reference (``tile_kernels_aot.torch.mhc._lane_order_dot``): the op's tolerance covers it.
 
-Order: element ``k`` belongs to lane ``l`` of 256 as ``k = (i * 256 + l) * 4 + e``; each lane
-adds its terms in ``(i, e)`` order into a sum that starts at +0; the 32 lanes ``32 g .. 32 g +
-31`` of lane group ``g`` are combined as a butterfly (lanes ``m`` and ``m + 16`` first, then
-``+ 8``, ``+ 4``, ``+ 2``, ``+ 1``), the 8 group sums as
-``((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))``.
+Order, fixed for every token count and cluster size (a token's row never depends on the batch):
+K element ``k = (i * 256 + l) * 4 + e`` belongs to lane ``l`` of 256, lane group ``g = l // 32``
+of 8.  A "phase" is one lane group: its ``K / 1024`` chunks of 128 consecutive elements
+(``i = 0, 1, ...``), each one MMA step (m64 x n48 x k128) into an accumulator that starts the
+phase at +0; the phase's partial is ``hi + lo``; the 8 phase partials meet as
+``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))``.  ``sq`` follows the reference exactly:
+lane ``l`` adds its squares in ``(i, e)`` order from +0, the 32 lanes of a group as a butterfly
+(xor 16, 8, 4, 2, 1: IEEE addition is commutative, so both lanes of a pair hold the reference's
+sum), the 8 group sums in the tree above.
 
-Layout: a tile of ``TOKENS`` (32) tokens is one block of 256 threads, or a cluster of
-``cluster`` blocks (static: 1, 2, 4 or 8) that split the 8 lane groups between them.  A block
-walks its lane groups one after another (a "phase" each); within a phase thread
-``(h, g, a)`` (``a`` the lane in the group, ``g`` of 4 token groups, ``h`` of 2 row halves)
-keeps the running sums of lane ``a`` for 8 tokens x 12 projection rows (96 registers) and
-4 of those tokens' squares.  Each step (one ``i``) the block stages in shared memory the
-tokens' 256-byte slices of x (``cp.async``, a ring of ``STAGES`` slots, issued
-``STAGES - 1`` steps ahead) and the projection's 24 x 32 x 4 slice, read one step ahead
-into registers, multiplied by the norm weight and rounded to TF32 once per block (double
-buffered).  A phase ends with the running sums written to shared memory and each lane
-group's butterfly summed there; the last step's group sums meet (through distributed shared
-memory in a cluster) in the fixed 8-way tree.  K is a run-time value (a multiple of 1024);
-``mhc_mult`` and ``cluster`` are static.  Token offsets are 64-bit.
+Layout: a tile of ``TOKENS`` (64) tokens is one block of 128 threads (one warpgroup), or a
+cluster of ``cluster`` blocks (static: 1, 2, 4 or 8) that split the 8 phases between them.  A
+block walks its phases' steps in one pipelined loop: the tile's 64 x 128 bf16 slice of x, the
+24 x 128 float32 slice of ``mhc_fn`` and the 128 norm weights go to shared memory by
+``cp.async`` (a ring of ``STAGES`` slots, issued ``STAGES - 1`` steps ahead; every thread later
+reads only what it copied itself, so one barrier per step suffices); each thread turns its own
+W pieces into ``hi``/``lo`` bf16 in a double-buffered B tile; after a proxy fence and the
+step's barrier the warpgroup runs ``T.gemm`` (wgmma on sm_90a, mma.sync on sm_100a) and every
+thread adds its 16 tokens' squares of its lane.  A phase ends with the accumulator dumped to
+shared memory and each output's ``hi + lo`` and each token's lane-group square sum stored as
+that phase's partials; the last step's partials meet (through distributed shared memory in a
+cluster) in the fixed tree.  K is a run-time value (a multiple of 1024); ``mhc_mult`` and
+``cluster`` are static.  Token and K offsets are 64-bit.
 """
 
 from tilelang import language as T
@@ -47,23 +52,22 @@ PIECE = 4  # consecutive elements of K per lane and step
 SPAN = LANES * PIECE  # K must be a multiple of this
 GROUP = 32  # lanes per lane group (one phase)
 GROUPS = LANES // GROUP  # 8
-TOKENS = 32  # tokens per block (per cluster)
-TOKEN_GROUP = 8  # tokens per thread
-TOKEN_GROUPS = TOKENS // TOKEN_GROUP  # 4
-HALVES = 2  # thread groups splitting the projection rows
-THREADS = GROUP * TOKEN_GROUPS * HALVES  # 256
-STAGES = 4  # x ring slots
-PAD = GROUP + 1  # shared row of one sum's 32 lane values, padded against bank conflicts
+CHUNK = GROUP * PIECE  # K elements per step (128)
+TOKENS = 64  # tokens per tile (the wgmma M)
+THREADS = 128  # one warpgroup
+WARPS = THREADS // WARP
+TOKENS_PER_WARP = TOKENS // WARPS  # 16 tokens' squares per thread
+STAGES = 4  # ring slots
 CLUSTERS = (1, 2, 4, 8)
-# Every shared-memory barrier is placed by hand (the step loop's one per step and the phase
-# ends'; see the comments there) and every index is in bounds by construction (x rows past the
-# end clamp to the last token; the K pieces of a step stay below K / 4): TileLang's automatic
-# barriers and guards would add a barrier and a dozen integer operations per step.
+# Every shared-memory barrier is placed by hand (one per step, one at a phase end, the final
+# ones) and every index is in bounds by construction (x rows past the end clamp to the last
+# token): TileLang's automatic barriers and guards would add more per step.
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 "tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
 
-# cp.async of 16 bytes (L2 only) from a byte offset of a base pointer, and its group fences; the
-# wait leaves STAGES - 2 groups pending
+# cp.async of 16 bytes (L2 only) from a byte offset of a base pointer, its group fences (the
+# wait leaves STAGES - 2 groups pending) and the generic-to-async proxy fence that makes a
+# thread's shared-memory writes (cp.async and st.shared) visible to the next wgmma
 ASYNC_SOURCE = r"""
 __device__ __forceinline__ void tka_normfn_cp16(void* dst, const void* base, long long offset) {
   unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -74,6 +78,11 @@ __device__ __forceinline__ void tka_normfn_commit() { asm volatile("cp.async.com
 __device__ __forceinline__ void tka_normfn_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(""" + str(STAGES - 2) + r""") : "memory");
 }
+__device__ __forceinline__ void tka_normfn_proxy_fence() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 """
 
 
@@ -81,10 +90,9 @@ def host_constants(mhc_mult, cluster):
     return {"span": SPAN, "tokens_per_block": TOKENS}
 
 
-def _tf32(value):
-    """Round a float32 to TF32 the way TileKernels does: +0x1000 on the bits, low 13 bits cleared."""
-    bits = T.reinterpret(value, T.uint32)
-    return T.reinterpret((bits + T.uint32(0x1000)) & T.uint32(0xFFFFE000), T.float32)
+def _tf32_bits(value):
+    """The float32 bits of ``value`` rounded to TF32 the way TileKernels does: +0x1000, low 13 cleared."""
+    return (T.reinterpret(value, T.uint32) + T.uint32(0x1000)) & T.uint32(0xFFFFE000)
 
 
 def _pair_tree(values):
@@ -95,8 +103,8 @@ def _pair_tree(values):
 
 
 def _groups_tree(res, size, phases, at, remote):
-    """``((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))`` over the 8 lane groups' sums at
-    offset ``at`` of each phase's slice of ``res`` (``size`` floats); group ``g`` is phase
+    """``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))`` over the 8 phases' partials at
+    offset ``at`` of each phase's slice of ``res`` (``size`` floats); phase ``g`` is local phase
     ``g % phases`` of cluster rank ``g // phases`` (through distributed shared memory when
     ``remote``)."""
     if remote:
@@ -109,54 +117,46 @@ def _groups_tree(res, size, phases, at, remote):
 def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
     assert cluster in CLUSTERS
     m3 = mhc_mult * (mhc_mult + 2)
-    assert m3 % (HALVES * 4) == 0  # even mhc_mult: rows split in halves, the W slice in whole passes
-    rows = m3 // HALVES  # projection rows per thread
-    cols = m3 + 1  # per token: the m3 dot sums and the square sum
+    n = 2 * m3  # GEMM columns: [hi; lo]
+    assert n % 8 == 0 and n <= 256  # a wgmma / mma N
+    cols = m3 + 1  # per token and phase: the m3 dot partials and the square sum
     phases = GROUPS // cluster  # lane groups per block
-    w_passes = m3 * GROUP // THREADS  # float4 pieces of the W slice per thread and step
-    x_passes = TOKENS * GROUP * PIECE * 2 // 16 // THREADS  # 16-byte copies of the x slice per thread
-    x_rows = THREADS * 16 // (GROUP * PIECE * 2)  # token rows one pass of the copies covers
+    x_chunks = CHUNK * 2 // 16  # 16-byte pieces of a token row's step slice (16)
+    x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (8)
+    x_rows = THREADS // x_chunks  # token rows one pass covers (8)
+    w_chunks = CHUNK * 4 // 16  # 16-byte pieces of a W row's step slice (32)
+    assert (m3 * w_chunks) % THREADS == 0 and w_chunks == WARP
+    w_passes = m3 * w_chunks // THREADS  # W copies per thread and step (6)
+    w_rows = THREADS // w_chunks  # W rows one pass covers (4)
+    outs_per_thread = TOKENS * m3 // THREADS  # phase-end partials per thread (12)
+    assert TOKENS * m3 % THREADS == 0
     source = ASYNC_SOURCE + (CLUSTER_LOAD_SOURCE if cluster > 1 else "")
     num_tokens = T.dynamic("num_tokens", "int64")
-    pieces = T.dynamic("pieces")  # K / PIECE
+    chunks = T.dynamic("chunks")  # K / CHUNK
 
     @T.macro
-    def copy_x(xs, residual, x_at, slot, first, tid):
-        # the TOKENS rows' 256-byte slices of a step (from K piece `first`) into a ring slot:
-        # 16-byte piece tid % 16 (lanes 2v, 2v + 1) of rows tid // 16 + 16 q
+    def issue(xs, wr, nws, residual, mhc_fn, mhc_norm_weight, x_at, w_at, slot, chunk, tid):
+        # step `chunk`'s slices into ring slot `slot`: x rows tid // 16 + 8 q, piece tid % 16;
+        # W rows tid // 32 + 4 q, piece tid % 32; the norm weights' piece tid % 32 (every warp
+        # copies its own, so a thread reads only what it copied)
+        k16 = T.Cast("int64", chunk) * CHUNK
         for q in T.unroll(x_passes):
             T.evaluate(T.call_extern("void", "tka_normfn_cp16",
-                                     T.address_of(xs[slot, tid // (THREADS // x_rows) + q * x_rows,
-                                                     2 * (tid % (THREADS // x_rows)), 0]),
-                                     T.address_of(residual[0, 0, 0]), x_at[q] + T.Cast("int64", first) * (PIECE * 2)))
-
-    @T.macro
-    def load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, first, tid):
-        # this thread's raw pieces of a step's W slice: rows tid // 32 + 8 q, lane tid % 32
+                                     T.address_of(xs[slot, tid // x_chunks + q * x_rows, (tid % x_chunks) * 8]),
+                                     T.address_of(residual[0, 0, 0]), x_at[q] + k16 * 2))
         for q in T.unroll(w_passes):
-            for e in T.vectorized(PIECE):
-                wn[q, e] = mhc_fn[tid // GROUP + q * (THREADS // GROUP), first + tid % GROUP, e]
-        if has_weight != 0:
-            for e in T.vectorized(PIECE):
-                nv[e] = mhc_norm_weight[first + tid % GROUP, e]
-
-    @T.macro
-    def store_w(ws, wn, nv, has_weight, buf, tid):
-        # the loaded pieces, weighted and rounded to TF32, into W buffer `buf`
-        for q in T.unroll(w_passes):
-            if has_weight != 0:
-                for e in T.unroll(PIECE):
-                    wn[q, e] = T.ieee_mul(wn[q, e], nv[e])
-            for e in T.unroll(PIECE):
-                wn[q, e] = _tf32(wn[q, e])
-            for e in T.vectorized(PIECE):
-                ws[buf, tid // GROUP + q * (THREADS // GROUP), tid % GROUP, e] = wn[q, e]
+            T.evaluate(T.call_extern("void", "tka_normfn_cp16",
+                                     T.address_of(wr[slot, tid // w_chunks + q * w_rows, (tid % w_chunks) * 4]),
+                                     T.address_of(mhc_fn[0, 0, 0]), w_at[q] + k16 * 4))
+        T.evaluate(T.call_extern("void", "tka_normfn_cp16",
+                                 T.address_of(nws[slot, tid // WARP, (tid % WARP) * 4]),
+                                 T.address_of(mhc_norm_weight[0, 0]), (k16 + (tid % WARP) * 4) * 4))
 
     @T.prim_func
     def mhc_pre_norm_fn(
-        residual: T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16],
-        mhc_fn: T.Tensor[(m3, pieces, PIECE), T.float32],
-        mhc_norm_weight: T.Tensor[(pieces, PIECE), T.float32],
+        residual: T.Tensor[(num_tokens, chunks, CHUNK), T.bfloat16],
+        mhc_fn: T.Tensor[(m3, chunks, CHUNK), T.float32],
+        mhc_norm_weight: T.Tensor[(chunks, CHUNK), T.float32],
         out: T.Tensor[(num_tokens, m3), T.float32],
         has_weight: T.int32,
         eps: T.float32,
@@ -166,161 +166,141 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                       cluster_dims=cluster) as bid:
             T.import_source(source)
             wait_for_previous_grid()  # programmatic dependent launch
-            T.assume(pieces % LANES == 0)
+            T.assume(chunks % GROUPS == 0)
             tid = T.get_thread_binding()
-            a = tid % GROUP  # lane within the group
-            tg = (tid // GROUP) % TOKEN_GROUPS
-            half = tid // (GROUP * TOKEN_GROUPS)
+            a = tid % WARP  # the lane within the lane group (squares)
+            warp = tid // WARP  # tokens warp * 16 .. + 15 (squares)
+            wc = tid % w_chunks  # this thread's W piece: columns 4 wc .. 4 wc + 3
             rank = block_rank_in_cluster() if cluster > 1 else 0
             t0 = T.Cast("int64", bid // cluster) * TOKENS
-            steps_per_phase = pieces // LANES
+            steps_per_phase = chunks // GROUPS
             steps = phases * steps_per_phase
 
-            xs = T.alloc_shared((STAGES, TOKENS, GROUP, PIECE // 2), T.uint32)  # bf16 pairs
-            ws = T.alloc_shared((2, m3, GROUP, PIECE), T.float32)
-            dump = T.alloc_shared((TOKENS * cols * PAD,), T.float32)
+            xs = T.alloc_shared((STAGES, TOKENS, CHUNK), T.bfloat16)
+            wr = T.alloc_shared((STAGES, m3, CHUNK), T.float32)
+            nws = T.alloc_shared((STAGES, WARPS, CHUNK), T.float32)
+            wb = T.alloc_shared((2, n, CHUNK), T.bfloat16)
+            dump = T.alloc_shared((TOKENS, n), T.float32)
             res = T.alloc_shared((phases * TOKENS * cols,), T.float32)
-            acc = T.alloc_local((TOKEN_GROUP, rows), T.float32)
-            sq = T.alloc_local((TOKEN_GROUP // HALVES,), T.float32)
-            xv = T.alloc_local((TOKEN_GROUP, PIECE // 2), T.uint32)
-            xf = T.alloc_local((TOKEN_GROUP, PIECE), T.float32)
+            acc = T.alloc_fragment((TOKENS, n), T.float32)
+            sq = T.alloc_local((TOKENS_PER_WARP,), T.float32)
+            xv = T.alloc_local((PIECE,), T.bfloat16)
             wv = T.alloc_local((PIECE,), T.float32)
-            wn = T.alloc_local((w_passes, PIECE), T.float32)  # the next step's W slice, raw
             nv = T.alloc_local((PIECE,), T.float32)
-            lv = T.alloc_local((GROUP,), T.float32)
+            hv = T.alloc_local((PIECE,), T.uint32)
+            hb = T.alloc_local((PIECE,), T.bfloat16)
+            lb = T.alloc_local((PIECE,), T.bfloat16)
             x_at = T.alloc_local((x_passes,), T.int64)
+            w_at = T.alloc_local((w_passes,), T.int64)
             total = T.alloc_var(T.float32)
             ssum = T.alloc_var(T.float32)
-            # (step within the phase, lane group) of the next x copy, the next W load and the
-            # step computed; the phase of the step computed
+            v = T.alloc_var(T.float32)
+            # (step within the phase, lane group) of the next copy and of the step computed;
+            # the local phase of the step computed
             x_i = T.alloc_var(T.int32)
             x_g = T.alloc_var(T.int32)
-            w_i = T.alloc_var(T.int32)
-            w_g = T.alloc_var(T.int32)
             c_i = T.alloc_var(T.int32)
             phase = T.alloc_var(T.int32)
 
-            for tt in T.unroll(TOKEN_GROUP):
-                for r in T.unroll(rows):
-                    acc[tt, r] = T.float32(0)
-            for k in T.unroll(TOKEN_GROUP // HALVES):
+            T.clear(acc)
+            for k in T.unroll(TOKENS_PER_WARP):
                 sq[k] = T.float32(0)
-            # byte offsets of this thread's x copies in `residual` at K piece 0: rows past the
-            # end read the last token (in bounds, never stored)
+            # byte offsets of this thread's copies at K = 0: x rows past the end read the last
+            # token (in bounds, never stored)
             for q in T.unroll(x_passes):
-                x_at[q] = (T.min(t0 + tid // (THREADS // x_rows) + q * x_rows, num_tokens - 1) * pieces
-                           + 2 * (tid % (THREADS // x_rows))) * (PIECE * 2)
+                x_at[q] = (T.min(t0 + tid // x_chunks + q * x_rows, num_tokens - 1) * chunks * CHUNK
+                           + (tid % x_chunks) * 8) * 2
+            for q in T.unroll(w_passes):
+                w_at[q] = (T.Cast("int64", tid // w_chunks + q * w_rows) * chunks * CHUNK + wc * 4) * 4
             x_i = 0
             x_g = rank * phases
-            w_i = 0
-            w_g = rank * phases
             c_i = 0
             phase = 0
 
-            # prologue: x of steps 0 .. STAGES - 2 in flight, W of step 0 staged, of step 1 loading
+            # prologue: steps 0 .. STAGES - 2 in flight (phase-major: chunk = i * 8 + g)
             for s in T.unroll(STAGES - 1):
                 if s < steps:
-                    copy_x(xs, residual, x_at, s, x_i * LANES + x_g * GROUP, tid)
+                    issue(xs, wr, nws, residual, mhc_fn, mhc_norm_weight, x_at, w_at, s,
+                          x_i * GROUPS + x_g, tid)
                 T.evaluate(T.call_extern("void", "tka_normfn_commit"))
-                x_i += 1  # the next step, phase-major
+                x_i += 1
                 if x_i == steps_per_phase:
                     x_i = 0
                     x_g += 1
-            load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
-            w_i += 1  # the next step, phase-major
-            if w_i == steps_per_phase:
-                w_i = 0
-                w_g += 1
-            store_w(ws, wn, nv, has_weight, 0, tid)
-            if steps > 1:
-                load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
-            w_i += 1  # the next step, phase-major
-            if w_i == steps_per_phase:
-                w_i = 0
-                w_g += 1
 
             for s in T.serial(steps):
                 T.evaluate(T.call_extern("void", "tka_normfn_wait"))  # this thread's copies of step s landed
-                # everyone's copies and W of step s are in, and everyone is done with step s - 1
-                # (its x slot, its W buffer, the last phase end's reads of dump)
+                # this thread's W pieces of step s -> hi / lo bf16 into B buffer s % 2 (last read
+                # by step s - 2's MMA, finished before step s - 1's barrier)
+                if has_weight != 0:
+                    for e in T.vectorized(PIECE):
+                        nv[e] = nws[s % STAGES, tid // WARP, wc * 4 + e]
+                for q in T.unroll(w_passes):
+                    for e in T.vectorized(PIECE):
+                        wv[e] = wr[s % STAGES, tid // w_chunks + q * w_rows, wc * 4 + e]
+                    if has_weight != 0:
+                        for e in T.unroll(PIECE):
+                            wv[e] = T.ieee_mul(wv[e], nv[e])
+                    for e in T.unroll(PIECE):
+                        hv[e] = _tf32_bits(wv[e])
+                        # hi: the top 16 bits; lo = w - hi exactly (3 significant bits; +0 when
+                        # w is infinite or NaN, so hi alone carries it)
+                        hb[e] = T.reinterpret(T.Cast("uint16", hv[e] >> T.uint32(16)), T.bfloat16)
+                        v = T.reinterpret(hv[e], T.float32) - T.reinterpret(hv[e] & T.uint32(0xFFFF0000), T.float32)
+                        lb[e] = T.reinterpret(T.Cast("uint16", T.if_then_else(
+                            (hv[e] & T.uint32(0x7F800000)) == T.uint32(0x7F800000), T.uint32(0),
+                            T.reinterpret(v, T.uint32) >> T.uint32(16))), T.bfloat16)
+                    for e in T.vectorized(PIECE):
+                        wb[s % 2, tid // w_chunks + q * w_rows, wc * 4 + e] = hb[e]
+                    for e in T.vectorized(PIECE):
+                        wb[s % 2, m3 + tid // w_chunks + q * w_rows, wc * 4 + e] = lb[e]
+                # this thread's shared writes (its x copies, its B pieces) visible to the async
+                # proxy; then everyone's are in, and everyone is done with step s - 1 (its ring
+                # slot, the last phase end's reads of dump)
+                T.evaluate(T.call_extern("void", "tka_normfn_proxy_fence"))
                 T.sync_threads()
                 if s + STAGES - 1 < steps:
                     # into the slot step s - 1 used
-                    copy_x(xs, residual, x_at, (s + STAGES - 1) % STAGES, x_i * LANES + x_g * GROUP, tid)
+                    issue(xs, wr, nws, residual, mhc_fn, mhc_norm_weight, x_at, w_at, (s + STAGES - 1) % STAGES,
+                          x_i * GROUPS + x_g, tid)
                 T.evaluate(T.call_extern("void", "tka_normfn_commit"))
-                x_i += 1  # the next step, phase-major
+                x_i += 1
                 if x_i == steps_per_phase:
                     x_i = 0
                     x_g += 1
 
-                # this step's x first, then W of step s + 1 into the other buffer (step s - 1's):
-                # integer work that covers the loads' latency; then W of step s + 2 loading, a
-                # whole step ahead
-                for tt in T.unroll(TOKEN_GROUP):
-                    for e in T.vectorized(PIECE // 2):
-                        xv[tt, e] = xs[s % STAGES, tg * TOKEN_GROUP + tt, a, e]
-                if s + 1 < steps:
-                    store_w(ws, wn, nv, has_weight, (s + 1) % 2, tid)
-                    if s + 2 < steps:
-                        load_w(wn, nv, mhc_fn, mhc_norm_weight, has_weight, w_i * LANES + w_g * GROUP, tid)
-                w_i += 1  # the next step, phase-major
-                if w_i == steps_per_phase:
-                    w_i = 0
-                    w_g += 1
+                T.gemm(xs[s % STAGES, :, :], wb[s % 2, :, :], acc, transpose_B=True)
 
-                # bf16 -> float32 is the 16 bits moved up: the low half of a pair is the earlier element
-                for tt in T.unroll(TOKEN_GROUP):
-                    for e in T.unroll(PIECE // 2):
-                        xf[tt, 2 * e] = T.reinterpret(xv[tt, e] << T.uint32(16), T.float32)
-                        xf[tt, 2 * e + 1] = T.reinterpret(xv[tt, e] & T.uint32(0xFFFF0000), T.float32)
-                # squares: half 0 for tokens 0-3 of the thread's 8, half 1 for tokens 4-7
-                if half == 0:
-                    for k in T.unroll(TOKEN_GROUP // HALVES):
-                        for e in T.unroll(PIECE):
-                            sq[k] = sq[k] + xf[k, e] * xf[k, e]
-                else:
-                    for k in T.unroll(TOKEN_GROUP // HALVES):
-                        for e in T.unroll(PIECE):
-                            sq[k] = sq[k] + xf[TOKEN_GROUP // HALVES + k, e] * xf[TOKEN_GROUP // HALVES + k, e]
-                for r in T.unroll(rows):
+                # squares of lane a of tokens warp * 16 + k, in e order
+                for k in T.unroll(TOKENS_PER_WARP):
                     for e in T.vectorized(PIECE):
-                        wv[e] = ws[s % 2, half * rows + r, a, e]
-                    for tt in T.unroll(TOKEN_GROUP):
-                        for e in T.unroll(PIECE):
-                            acc[tt, r] = acc[tt, r] + xf[tt, e] * wv[e]
+                        xv[e] = xs[s % STAGES, warp * TOKENS_PER_WARP + k, a * PIECE + e]
+                    for e in T.unroll(PIECE):
+                        sq[k] = sq[k] + T.Cast("float32", xv[e]) * T.Cast("float32", xv[e])
 
                 c_i += 1
                 if c_i == steps_per_phase:
-                    # end of a phase: the running sums to shared memory, each sum's 32 lanes in a
-                    # row (the previous phase end's reads of dump finished before this step's
-                    # barrier)
+                    # end of a phase: the accumulator to shared memory (the previous phase end's
+                    # reads of dump finished before this step's barrier), each output's hi + lo
+                    # and each token's lane-group butterfly as this phase's partials
                     c_i = 0
-                    for tt in T.unroll(TOKEN_GROUP):
-                        for r in T.unroll(rows):
-                            dump[((tg * TOKEN_GROUP + tt) * cols + half * rows + r) * PAD + a] = acc[tt, r]
-                            acc[tt, r] = T.float32(0)
-                    for k in T.unroll(TOKEN_GROUP // HALVES):
-                        dump[((tg * TOKEN_GROUP + half * (TOKEN_GROUP // HALVES) + k) * cols + m3) * PAD + a] = sq[k]
+                    T.copy(acc, dump)
+                    T.clear(acc)
+                    for k in T.unroll(TOKENS_PER_WARP):
+                        v = sq[k]
+                        for m in T.unroll(5):
+                            v = v + T.shfl_xor(v, 16 >> m)
+                        if a == 0:
+                            res[phase * (TOKENS * cols) + (warp * TOKENS_PER_WARP + k) * cols + m3] = v
                         sq[k] = T.float32(0)
                     T.sync_threads()
-                    # each sum's butterfly over the group's 32 lanes: m + 16, + 8, + 4, + 2, + 1
-                    for q in T.unroll((TOKENS * cols + THREADS - 1) // THREADS):
-                        if tid + q * THREADS < TOKENS * cols:
-                            for m in T.unroll(GROUP):
-                                lv[m] = dump[(tid + q * THREADS) * PAD + m]
-                            for m in T.unroll(16):
-                                lv[m] = lv[m] + lv[m + 16]
-                            for m in T.unroll(8):
-                                lv[m] = lv[m] + lv[m + 8]
-                            for m in T.unroll(4):
-                                lv[m] = lv[m] + lv[m + 4]
-                            for m in T.unroll(2):
-                                lv[m] = lv[m] + lv[m + 2]
-                            lv[0] = lv[0] + lv[1]
-                            res[phase * (TOKENS * cols) + tid + q * THREADS] = lv[0]
+                    for q in T.unroll(outs_per_thread):
+                        res[phase * (TOKENS * cols) + ((tid + q * THREADS) // m3) * cols + (tid + q * THREADS) % m3] = (
+                            dump[(tid + q * THREADS) // m3, (tid + q * THREADS) % m3]
+                            + dump[(tid + q * THREADS) // m3, m3 + (tid + q * THREADS) % m3])
                     phase += 1
 
-            # the 8 lane groups' sums of each output, pairwise; in a cluster every block's res is
+            # the 8 phases' partials of each output, pairwise; in a cluster every block's res is
             # read through distributed shared memory, each block writing a share of the tile
             if cluster > 1:
                 cluster_sync()

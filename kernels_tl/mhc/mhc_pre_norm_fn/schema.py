@@ -1,6 +1,6 @@
 """mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
 hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
-per 32-token tile: 1, 2, 4 or 8) from the token count and K."""
+per 64-token tile: 1, 2, 4 or 8) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -28,10 +28,13 @@ _SAMPLES = [
     Sample("upstream split-K: 48 tokens, hidden 7168", 48, _args(7168, False)),
     Sample("upstream split-K: 512 tokens, hidden 1280", 512, _args(1280, False)),
     Sample("options: fuse_grad_acc=False, n_splits=1", 77, _args(2560, True), {"fuse_grad_acc": False, "n_splits": 1}),
-    # the host's cluster size (host.h pick_cluster): 1 at 4096 tokens and up (here with a partial
-    # last tile), 2 at 2048 tokens, 4 at the 1000-token samples, 8 at decode and the split-K rows
+    # the host's cluster size (host.h pick_cluster, 64-token tiles, 132 SMs): 1 at the 8192-token
+    # samples, 2 at 4096 tokens (and 4100: a partial last tile), 4 at 2048 tokens, 8 at decode, the
+    # 1000-token samples and the split-K rows.  The two samples below keep the names they had
+    # with 32-token tiles (cluster 1 and 2 then); they now run cluster 2 and 4.
     Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
+    Sample("cluster 1, partial tile: 8200 tokens, hidden 2560", 8200, _args(2560, False)),
 ]
 
 SCHEMA = Schema(
@@ -52,12 +55,16 @@ SCHEMA = Schema(
             returns=["out"],
             reference="tile_kernels_aot.torch.mhc.mhc_pre_norm_fn",
             samples=_SAMPLES,
-            # measured on the H200: 10-25% of the outputs one float32 ulp off the reference's
-            # fixed order (docs/ops.md); bit-exactness is the open work of this kernel
-            tolerance={"out": (1e-6, 0.0)},
+            # the kernel sums x @ W.T on tensor cores (bf16 [hi; lo] split of W: exact products,
+            # float32 accumulation in the MMA's order, possibly truncating at each k-step of 16);
+            # sum(x^2) follows the reference's order exactly.  Bound (docs/ops.md): |err| <=
+            # (2 K / 64 + K / 256 + 12) * 2^-24 * (largest partial sum), 6.1e-5 of it at K = 28672;
+            # partial sums stay near max|out| for these inputs, so 1e-4 of max|out|.  Dropping W's
+            # low part (~1e-3 of max) or any index error (O(1)) is far outside it.
+            tolerance={"out": (1e-6, 1e-4)},
             doc=("mhc_pre_norm_fn(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps, fuse_grad_acc=True, n_splits=16) "
                  "-> [num_tokens, M3] float32: (x @ W.T) * rsqrt(sum(x**2) / K + eps), x = residual as [num_tokens, K], "
-                 "W = tf32(mhc_fn * mhc_norm_weight) (or tf32(mhc_fn)), sums in a fixed lane order (docs/ops.md).  "
+                 "W = tf32(mhc_fn * mhc_norm_weight) (or tf32(mhc_fn)), x @ W.T on tensor cores, sum(x**2) in a fixed lane order (docs/ops.md).  "
                  "residual: bf16 [num_tokens, M, H], M * H a multiple of 1024; mhc_fn: float32 [M * (M + 2), M * H]; "
                  "mhc_norm_weight: float32 [M * H] or None.  fuse_grad_acc and n_splits do not change the result."),
         ),
