@@ -12,29 +12,34 @@ Design
 ------
 Bound by memory: the routed rows of ``x`` are read once (gathered), ``out`` written once.
 
-* A piece is 16 bytes of ``x`` (8 bf16 or 4 fp32 values).  A thread owns ``PIECES = 4``
-  pieces of its token's row, ``lane + j * lanes_per_row`` (interleaved, so each warp
-  instruction covers contiguous bytes); ``lanes_per_row = hidden / (PIECES * piece)``
+* A piece is 16 bytes of ``x`` (8 bf16 or 4 fp32 values).  A thread owns ``PIECES = 8``
+  pieces of its token's row (128 bytes), ``lane + j * lanes_per_row`` (interleaved, so each
+  warp instruction covers 512 contiguous bytes); ``lanes_per_row = hidden / (PIECES * piece)``
   exactly, since ``hidden % 256 == 0``: no tail, no guard per piece.
-* An item is (token, lane).  The grid is at most one wave (``blocks_per_sm`` blocks per SM,
-  the host's choice from the SM count); thread ``f`` takes items ``f, f + stride, ..``
-  (``stride`` = the grid's threads), the token and lane advanced by a fixed quotient and
-  remainder (no division per item; the host bounds ``items + stride`` below 2^31).
-* An item's time is memory round trips: its token's positions (``KC = 8`` at a time, a
-  run-time top-k of any size), then the routed rows with their weights and ``x_sf``.  The
-  positions' round trip is taken off the critical path: each item first prefetches the
-  next item's row of ``token_topk_to_pos`` into L1 (``prefetch.global.L1``, no registers),
-  so that it is in flight with this item's rows and the next item's reads of it hit L1.
-  The routed slots of a chunk are a bit mask, taken lowest bit first (``k`` order; the
-  slot's position read again, an L1 hit, rather than kept in 8 registers), so the rows are
-  loaded ``C = 2`` at a time however the unrouted slots lie: upstream's sparse layout
-  (about 1.3 of 6 slots routed) costs one DRAM round trip per item, a dense top-8 four.
-  Then the FMAs run in ``k`` order (an explicit ``fma``: one rounding, as in the reference).
-* 64 bytes of a row per thread and 2 rows in flight at 80 registers (3 blocks of 256
-  threads per SM; sm_90a spills a few words of loop state, outside the row loop).
+* An item is (token, lane).  The grid is at most one wave (``blocks_per_sm`` blocks of 128
+  threads per SM, the host's choice from the SM count); thread ``f`` takes items ``f, f +
+  stride, ..`` (``stride`` = the grid's threads), the token and lane advanced by a fixed
+  quotient and remainder (no division per item; the host bounds ``items + stride`` below 2^31).
+* An item's time is memory round trips, so the positions travel one item ahead, in
+  registers: while item ``i``'s first group of rows is in flight, the thread loads item
+  ``i + 1``'s positions (slots ``0 .. KC - 1``, ``KC = 8``) and resolves them at once
+  (``resolve_first``): the rows and slots of its lowest ``C = 2`` routed slots (``k`` order,
+  a bit mask taken lowest bit first) and a mask of its other routed slots.  Item ``i + 1``
+  then issues its first rows (with their weights and ``x_sf``) with no dependent load ahead
+  of them: at upstream's sparse layout (about 1.3 of 6 slots routed) an item costs one DRAM
+  round trip, with 128 to 256 bytes per thread in flight.  No load crosses the loop's back
+  edge (the resolved values are plain integers), so no register copy waits on memory.
+* Later routed rows (the rest of the first ``KC`` slots: a dense top-k; slots past ``KC``)
+  follow in groups of ``C`` in ``k`` order, one round trip each (chunk 0's positions read
+  again: L1 hits).  The accumulators are first written by the first group's FMAs, so they
+  hold no register while its rows travel; the FMAs run in ``k`` order (an explicit ``fma``:
+  one rounding, as in the reference).
+* Registers: 2 rows x 128 bytes + 64 fp32 accumulators fit the 168 registers of 3 blocks of
+  128 threads per SM, without spills (bf16: 168, fp32: 139-144, on sm_90a and sm_100a).
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * ``with_weights``, ``with_x_sf``, ``with_sf``: run-time flags (uniform branches).
-* Offsets into ``x`` and ``out`` are 64-bit (TileLang widens buffer indices).
+* Offsets into every input and ``out`` are 64-bit (TileLang widens buffer indices).
+* ``sf[0]`` is read once per thread; every access follows the dependent-launch wait.
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``out_dtype`` (the input's, or
 float8_e4m3fn): 4 kernels for every hidden size, top-k and option.
@@ -44,11 +49,11 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
-THREADS = 256
-PIECES = 4  # 16-byte pieces of a row per thread
+THREADS = 128
+PIECES = 8  # 16-byte pieces of a row per thread (128 bytes)
 C = 2  # routed rows loaded together
-KC = 8  # positions loaded together
-MIN_BLOCKS_PER_SM = 3  # <= 85 registers per thread
+KC = 8  # positions of a chunk (the slots the first group and the resolved mask cover)
+MIN_BLOCKS_PER_SM = 3  # <= 168 registers per thread
 IN_BYTES = {"bfloat16": 2, "float32": 4}
 OUT_DTYPES = {"bfloat16": ("bfloat16", "float8_e4m3fn"), "float32": ("float32", "float8_e4m3fn")}
 PASS_CONFIGS = {
@@ -57,12 +62,6 @@ PASS_CONFIGS = {
     # every global access is guarded by the kernel's own token / position tests
     "tl.disable_safe_memory_legalize": True,
 }
-
-DEVICE_SOURCE = r"""
-__device__ __forceinline__ void tka_prefetch_l1_if(const void* p, int cond) {
-  asm volatile("{ .reg .pred q; setp.ne.s32 q, %1, 0; @q prefetch.global.L1 [%0]; }" :: "l"(p), "r"(cond));
-}
-"""
 
 
 def host_constants(in_dtype: str, out_dtype: str) -> dict:
@@ -83,96 +82,26 @@ def reduce_fused_kernel(in_dtype: str, out_dtype: str):
     num_x_sf = T.dynamic("num_x_sf")  # num_rows with x_sf, else 0
 
     @T.macro
-    def reduce_items(x, x_sf, topk_weights, token_topk_to_pos, sf, out, lanes_per_row, num_blocks, with_weights,
-                     with_x_sf, with_sf, bid, tid, rows_per_group, pieces):
-        """Every item (token, lane) ``first + i * stride`` of this thread: lane's ``pieces``
-        16-byte pieces of the token's output row, ``lane + j * lanes_per_row``."""
-        acc = T.alloc_local((pieces * piece,), T.float32)
-        buf = T.alloc_local((rows_per_group, pieces, piece), in_dtype)
-        pos = T.alloc_local((KC,), T.int32)  # a chunk's positions (-1: past the top-k)
-        row = T.alloc_local((rows_per_group,), T.int32)  # the rows of a group (-1: none)
-        scale = T.alloc_local((rows_per_group,), T.float32)
-        pending = T.alloc_var(T.uint32)  # the chunk's routed slots not yet reduced, one bit each
-        slot = T.alloc_var(T.int32)
-        groups = T.alloc_var(T.int32)
-        token = T.alloc_var(T.int32)
-        lane = T.alloc_var(T.int32)
-        next_token = T.alloc_var(T.int32)
-        next_lane = T.alloc_var(T.int32)
-        items = T.alloc_var(T.int32)
-        # the host bounds num_tokens * lanes_per_row + stride below 2^31
-        first = bid * THREADS + tid
-        stride = num_blocks * THREADS
-        step_tokens = stride // lanes_per_row
-        step_lanes = stride - step_tokens * lanes_per_row
-        token = first // lanes_per_row
-        lane = first - token * lanes_per_row
-        items = 0
-        if token < num_tokens:
-            items = (num_tokens * lanes_per_row - 1 - first) // stride + 1
-        for _ in T.serial(items):
-            next_lane = lane + step_lanes
-            next_token = token + step_tokens
-            if next_lane >= lanes_per_row:
-                next_lane = next_lane - lanes_per_row
-                next_token = next_token + 1
-            # the next item's positions to L1 (both ends of its row of token_topk_to_pos): its
-            # first round trip is then an L1 hit, while this item's rows are in flight
-            T.evaluate(T.call_extern("void", "tka_prefetch_l1_if",
-                                     T.address_of(token_topk_to_pos[T.min(next_token, num_tokens - 1), 0]),
-                                     T.Cast("int32", next_token < num_tokens and num_topk > 0)))
-            T.evaluate(T.call_extern("void", "tka_prefetch_l1_if",
-                                     T.address_of(token_topk_to_pos[T.min(next_token, num_tokens - 1), num_topk - 1]),
-                                     T.Cast("int32", next_token < num_tokens and num_topk > 0)))
-            for e in T.unroll(pieces * piece):
-                acc[e] = T.float32(0)
-            for c in T.serial(T.ceildiv(num_topk, KC)):
-                for i in T.unroll(KC):
-                    pos[i] = -1
-                    if c * KC + i < num_topk:
-                        pos[i] = token_topk_to_pos[token, c * KC + i]
-                # the routed slots, in k order (the lowest pending bit first)
-                pending = T.uint32(0)
-                for i in T.unroll(KC):
-                    if pos[i] >= 0 and pos[i] < num_rows:
-                        pending = pending | T.uint32(1 << i)
-                # the group count fixed before the loop: a bound over `pending` itself would be
-                # re-evaluated after each group has consumed its bits
-                groups = T.ceildiv(T.call_extern(T.int32, "__popc", pending), rows_per_group)
-                for g in T.serial(groups):
-                    for s in T.unroll(rows_per_group):
-                        slot = T.call_extern(T.int32, "__ffs", pending) - 1  # -1: none left
-                        pending = pending & (pending - T.uint32(1))
-                        row[s] = -1
-                        if slot >= 0:
-                            # read again (an L1 hit) rather than kept: 8 registers fewer
-                            row[s] = token_topk_to_pos[token, c * KC + slot]
-                        # every load of the group (rows, weights, x_sf) in flight before the first FMA
-                        scale[s] = T.float32(1)
-                        if row[s] >= 0:
-                            for j in T.unroll(pieces):
-                                for u in T.vectorized(piece):
-                                    buf[s, j, u] = x[row[s], lane + j * lanes_per_row, u]
-                            if with_weights != 0:
-                                scale[s] = topk_weights[token * num_topk + c * KC + slot]
-                    for s in T.unroll(rows_per_group):
-                        if row[s] >= 0 and with_x_sf != 0:
-                            scale[s] = scale[s] * x_sf[row[s]]
-                    # the reference's order: k ascending, one rounding per step
-                    for s in T.unroll(rows_per_group):
-                        if row[s] >= 0:
-                            for j in T.unroll(pieces):
-                                for u in T.unroll(piece):
-                                    acc[j * piece + u] = T.fma(
-                                        T.cast(buf[s, j, u], T.float32), scale[s], acc[j * piece + u])
-            if with_sf != 0:
-                for e in T.unroll(pieces * piece):
-                    acc[e] = acc[e] * sf[0]
-            for j in T.unroll(pieces):
-                for u in T.vectorized(piece):
-                    out[token, lane + j * lanes_per_row, u] = T.cast(acc[j * piece + u], out_dtype)
-            token = next_token
-            lane = next_lane
+    def resolve_first(token_topk_to_pos, p, token, first_row, first_slot, rest):
+        """The token's slots ``0 .. KC - 1``: the rows of its lowest ``C`` routed slots (in
+        ``k`` order; -1: none) and their slots into ``first_row`` / ``first_slot``; its other
+        routed slots among them as a bit mask into ``rest[0]``.  (Registers only: the positions
+        are loaded, tested and selected here, never read again.)"""
+        for i in T.unroll(KC):
+            p[i] = -1
+            if i < num_topk:
+                p[i] = token_topk_to_pos[token, i]
+        rest[0] = T.uint32(0)
+        for i in T.unroll(KC):
+            if p[i] >= 0 and p[i] < num_rows:
+                rest[0] = rest[0] | T.uint32(1 << i)
+        for s in T.unroll(C):
+            first_slot[s] = T.call_extern(T.int32, "__ffs", rest[0]) - 1  # -1: none left
+            rest[0] = rest[0] & (rest[0] - T.uint32(1))
+            first_row[s] = -1
+            for i in T.unroll(KC):
+                if first_slot[s] == i:
+                    first_row[s] = p[i]
 
     @T.prim_func
     def reduce_fused(
@@ -189,13 +118,142 @@ def reduce_fused_kernel(in_dtype: str, out_dtype: str):
         with_sf: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as bid:
-            wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(DEVICE_SOURCE)
+            wait_for_previous_grid()  # programmatic dependent launch: before any memory access
             T.assume(lanes_per_row > 0)
             T.assume(num_blocks > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
-            reduce_items(x, x_sf, topk_weights, token_topk_to_pos, sf, out, lanes_per_row, num_blocks, with_weights,
-                         with_x_sf, with_sf, bid, tid, C, PIECES)
+            acc = T.alloc_local((PIECES * piece,), T.float32)
+            buf = T.alloc_local((C, PIECES, piece), in_dtype)
+            p = T.alloc_local((KC,), T.int32)  # a chunk's positions (-1: past the top-k)
+            w = T.alloc_local((C,), T.float32)  # a group's weights (1 without)
+            xs = T.alloc_local((C,), T.float32)  # a group's x_sf (1 without)
+            row = T.alloc_local((C,), T.int32)  # a later group's rows (-1: none)
+            cur_row = T.alloc_local((C,), T.int32)  # this item's first group (-1: none)
+            cur_slot = T.alloc_local((C,), T.int32)
+            cur_rest = T.alloc_local((1,), T.uint32)  # this item's other routed slots of chunk 0
+            nxt_row = T.alloc_local((C,), T.int32)  # the next item's first group
+            nxt_slot = T.alloc_local((C,), T.int32)
+            nxt_rest = T.alloc_local((1,), T.uint32)
+            mask = T.alloc_var(T.uint32)
+            slot = T.alloc_var(T.int32)
+            groups = T.alloc_var(T.int32)
+            token = T.alloc_var(T.int32)
+            lane = T.alloc_var(T.int32)
+            nxt_token = T.alloc_var(T.int32)
+            nxt_lane = T.alloc_var(T.int32)
+            items = T.alloc_var(T.int32)
+            sf_value = T.alloc_var(T.float32)
+            # the host bounds num_tokens * lanes_per_row + stride below 2^31
+            first = bid * THREADS + tid
+            stride = num_blocks * THREADS
+            step_tokens = stride // lanes_per_row
+            step_lanes = stride - step_tokens * lanes_per_row
+            token = first // lanes_per_row
+            lane = first - token * lanes_per_row
+            items = 0
+            if token < num_tokens:
+                items = (num_tokens * lanes_per_row - 1 - first) // stride + 1
+            sf_value = T.float32(1)
+            if with_sf != 0 and items > 0:
+                sf_value = sf[0]
+            # the first item's first group (its positions' round trip is the only one not
+            # overlapped with rows)
+            for s in T.unroll(C):
+                cur_row[s] = -1
+                cur_slot[s] = 0
+            cur_rest[0] = T.uint32(0)
+            if items > 0:
+                resolve_first(token_topk_to_pos, p, token, cur_row, cur_slot, cur_rest)
+            for it in T.serial(items):
+                nxt_lane = lane + step_lanes
+                nxt_token = token + step_tokens
+                if nxt_lane >= lanes_per_row:
+                    nxt_lane = nxt_lane - lanes_per_row
+                    nxt_token = nxt_token + 1
+                # ---- this item's first group in flight: rows, weights, x_sf (addresses resolved
+                # during the previous item: no dependent load ahead of them)
+                for s in T.unroll(C):
+                    w[s] = T.float32(1)
+                    xs[s] = T.float32(1)
+                    if cur_row[s] >= 0:
+                        for j in T.unroll(PIECES):
+                            for u in T.vectorized(piece):
+                                buf[s, j, u] = x[cur_row[s], lane + j * lanes_per_row, u]
+                        if with_weights != 0:
+                            w[s] = topk_weights[token * num_topk + cur_slot[s]]
+                        if with_x_sf != 0:
+                            xs[s] = x_sf[cur_row[s]]
+                # ---- the next item's positions: loaded and resolved while those rows travel
+                for s in T.unroll(C):
+                    nxt_row[s] = -1
+                    nxt_slot[s] = 0
+                nxt_rest[0] = T.uint32(0)
+                if it + 1 < items:
+                    resolve_first(token_topk_to_pos, p, nxt_token, nxt_row, nxt_slot, nxt_rest)
+                # ---- the first group's FMAs, in k order (the reference's: one rounding per step)
+                for e in T.unroll(PIECES * piece):
+                    acc[e] = T.float32(0)
+                for s in T.unroll(C):
+                    if cur_row[s] >= 0:
+                        if with_x_sf != 0:
+                            w[s] = w[s] * xs[s]
+                        for j in T.unroll(PIECES):
+                            for u in T.unroll(piece):
+                                acc[j * piece + u] = T.fma(T.cast(buf[s, j, u], T.float32), w[s], acc[j * piece + u])
+                # ---- the item's later routed rows (a dense top-k; a top-k past KC), C at a time in
+                # k order, each group one round trip (chunk 0's positions read again: L1 hits)
+                for c in T.serial(T.ceildiv(num_topk, KC)):
+                    if c == 0:
+                        mask = cur_rest[0]
+                    else:
+                        for i in T.unroll(KC):
+                            p[i] = -1
+                            if c * KC + i < num_topk:
+                                p[i] = token_topk_to_pos[token, c * KC + i]
+                        mask = T.uint32(0)
+                        for i in T.unroll(KC):
+                            if p[i] >= 0 and p[i] < num_rows:
+                                mask = mask | T.uint32(1 << i)
+                    # the group count fixed before the loop: a bound over `mask` itself would be
+                    # re-evaluated after each group has consumed its bits
+                    groups = T.ceildiv(T.call_extern(T.int32, "__popc", mask), C)
+                    for g in T.serial(groups):
+                        for s in T.unroll(C):
+                            slot = T.call_extern(T.int32, "__ffs", mask) - 1  # -1: none left
+                            mask = mask & (mask - T.uint32(1))
+                            row[s] = -1
+                            if slot >= 0:
+                                row[s] = token_topk_to_pos[token, c * KC + slot]
+                            w[s] = T.float32(1)
+                            xs[s] = T.float32(1)
+                            if row[s] >= 0 and row[s] < num_rows:
+                                for j in T.unroll(PIECES):
+                                    for u in T.vectorized(piece):
+                                        buf[s, j, u] = x[row[s], lane + j * lanes_per_row, u]
+                                if with_weights != 0:
+                                    w[s] = topk_weights[token * num_topk + c * KC + slot]
+                                if with_x_sf != 0:
+                                    xs[s] = x_sf[row[s]]
+                        for s in T.unroll(C):
+                            if row[s] >= 0 and row[s] < num_rows:
+                                if with_x_sf != 0:
+                                    w[s] = w[s] * xs[s]
+                                for j in T.unroll(PIECES):
+                                    for u in T.unroll(piece):
+                                        acc[j * piece + u] = T.fma(
+                                            T.cast(buf[s, j, u], T.float32), w[s], acc[j * piece + u])
+                if with_sf != 0:
+                    for e in T.unroll(PIECES * piece):
+                        acc[e] = acc[e] * sf_value
+                for j in T.unroll(PIECES):
+                    for u in T.vectorized(piece):
+                        out[token, lane + j * lanes_per_row, u] = T.cast(acc[j * piece + u], out_dtype)
+                token = nxt_token
+                lane = nxt_lane
+                for s in T.unroll(C):
+                    cur_row[s] = nxt_row[s]
+                    cur_slot[s] = nxt_slot[s]
+                cur_rest[0] = nxt_rest[0]
 
     return reduce_fused
