@@ -17,7 +17,7 @@ struct Plan {
 };
 
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
-// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, one cluster.
+// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, up to four clusters.
 constexpr int64_t kSmallEntries = 8192;
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {

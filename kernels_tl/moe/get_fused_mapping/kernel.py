@@ -36,7 +36,8 @@ most ``SMALL_GROUPS`` groups of 32):
 
 ``path="cluster"`` (more entries): up to ``MAX_CLUSTERS`` thread-block clusters of ``CLUSTER``
 blocks; the blocks of a cluster exchange their per-expert counts through distributed shared
-memory, every cluster counts every entry, and the clusters share placement and padding; see
+memory, every cluster counts every entry, and the clusters share placement (cluster ``k``
+places the ``k``-th part of every warp range) and padding; see
 ``_cluster_kernel``.
 
 Every output element has exactly one writer.  All counts and rows are int32: the host
@@ -62,10 +63,10 @@ SMALL_GROUPS = SMALL_ENTRIES // THREADS  # blocks path: groups of 32 per warp ch
 ROWS_PER_BLOCK = 2048  # blocks path: one block per this many rows + entries ...
 MAX_BLOCKS = 32  # ... up to this many (a warp chunk each at most)
 ROWS_PER_CLUSTER = 65536  # cluster path: one cluster per this many rows and as many entries ...
-# ... up to this many (each counts every entry; they share placement and padding).  4 x 16 full-SM
-# blocks fit one wave of a 132-SM part; past 4 the padding tail's int32 stride needs 64 bits.
-# One: the 4-cluster split is not kept (notes.md, 'Tried: 4 clusters').
-MAX_CLUSTERS = 1
+# ... up to this many (each counts every entry; they share placement and padding: cluster k
+# places the k-th part of every warp range).  4 x 16 full-SM blocks fit one wave of a 132-SM
+# part; past 4 the padding tail's int32 stride needs 64 bits.
+MAX_CLUSTERS = 4
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
 # so TileLang's extra guards are left out.
@@ -284,12 +285,38 @@ def _load_step(topk_idx, values, begin, end, lane, s):
             values[u] = topk_idx[begin + s * STEP + u * 32 + lane]
 
 @T.macro
-def _place_step(outs, hist, base_of, experts, token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s):
-    """Place the entries of step ``s`` of a warp's range, their expert ids in ``experts``;
-    ``hist``'s row of the warp counts the range's earlier entries of each expert.  Groups
-    past the range's end (uniform over the warp) only advance the token."""
+def _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s):
+    """``experts`` <- the expert ids of step ``s`` of a warp's range: those of step 0 from
+    ``kept`` (step 1's registers), later steps re-read from global memory."""
+    if s == 0:
+        for u in T.unroll(UNROLL):
+            experts[u] = kept[u]
+    else:
+        _load_step(topk_idx, values, begin, end, lane, s)
+        for u in T.unroll(UNROLL):
+            experts[u] = _expert_of(values[u], num_experts)
+
+
+@T.macro
+def _count_before(hist, experts, begin, pbegin, warp, lane, s):
+    """Add the entries of step ``s`` of a warp's range that lie before ``pbegin`` (the start
+    of this cluster's part) to the warp's histogram row (shared atomics: the counts do not
+    depend on their order)."""
     for u in T.unroll(UNROLL):
-        if begin + s * STEP + u * 32 < end:
+        if begin + s * STEP + u * 32 + lane < pbegin and experts[u] >= 0:
+            T.atomic_add(hist[warp * MAX_EXPERTS + experts[u]], 1)
+
+
+@T.macro
+def _place_step(outs, hist, base_of, experts, token, begin, pbegin, pend, warp, lane, lanes_below, num_topk, num_rows,
+                s):
+    """Place the entries of step ``s`` of a warp's range that lie in ``[pbegin, pend)``, their
+    expert ids in ``experts``; ``hist``'s row of the warp counts the range's entries before
+    them of each expert.  ``pbegin - begin`` is a multiple of 32, so each group of 32 lies
+    wholly inside or outside the part (uniform over the warp); ``token`` starts at
+    ``pbegin + lane`` and advances by one group per placed group."""
+    for u in T.unroll(UNROLL):
+        if begin + s * STEP + u * 32 >= pbegin and begin + s * STEP + u * 32 < pend:
             expert = experts[u]
             same = T.match_any_sync(expert)
             below = T.Cast("int32", T.popcount(same & lanes_below))
@@ -301,11 +328,11 @@ def _place_step(outs, hist, base_of, experts, token, begin, end, warp, lane, lan
             if expert >= 0 and below == 0:
                 hist[warp * MAX_EXPERTS + expert] = row + T.Cast("int32", T.popcount(same))
             T.sync_warp()
-            if begin + s * STEP + u * 32 + lane < end:
+            if begin + s * STEP + u * 32 + lane < pend:
                 if expert >= 0:
                     row = row + below + base_of[expert]
                 _write_pair(outs, row, expert, token[0], begin + s * STEP + u * 32 + lane, num_rows)
-        _advance_token(token, num_topk)
+            _advance_token(token, num_topk)
 
 
 @T.macro
@@ -329,12 +356,15 @@ def _cluster_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, toke
        of the cluster (``ld.shared::cluster``), giving ``c[e]`` and the count in earlier blocks;
        a block-wide scan of ``a`` gives ``start``, and ``base[e]`` = ``start[e]`` + the count
        in earlier blocks is this block's first row of expert ``e``.
-    3. Place: in cluster ``k`` the warps ``w`` with ``w % clusters == k`` walk their ranges
-       again in the same order (from registers, past the first step from global memory; one
-       copy of the code for every step); within 32 entries, ``__match_any_sync`` gives each lane
-       the number of earlier lanes with its expert, and the warp's histogram row counts the
-       earlier entries of its range, so rows follow flat order exactly and the result is
-       deterministic (no atomics decide a row).
+    3. Place: cluster ``k`` places the ``k``-th of ``clusters`` parts (whole groups of 32) of
+       every warp range, so each warp of the grid walks a ``1 / clusters`` share of its range
+       (the serial chain per warp shrinks with the cluster count, not only the warps' number).
+       The warp first adds the entries of its range before the part to its histogram row
+       (shared atomics: order-free), then walks the part in order (from registers, past the
+       first step from global memory; one copy of the code for every step); within 32
+       entries, ``__match_any_sync`` gives each lane the number of earlier lanes with its
+       expert, and the warp's histogram row counts the earlier entries of its range, so rows
+       follow flat order exactly and the result is deterministic (no atomics decide a row).
     4. Padding: the rows ``[start + c, start + a)`` of each expert (a warp per expert) and the
        tail ``[sum(a), num_rows)`` (the whole grid) are set to -1.
 
@@ -434,21 +464,23 @@ def _cluster_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, toke
             num_tokens_per_expert[tid] = lv[0]
     T.sync_threads()
 
-    # 3. place, in flat order within each expert: cluster `cid` places the ranges of the
-    # warps w with w % nclusters == cid (every cluster computed the same offsets)
+    # 3. place, in flat order within each expert: cluster `cid` places the `cid`-th of
+    # `nclusters` parts of every warp range (every cluster computed the same offsets).
+    # The part is [pbegin, pend), whole groups of 32 from `begin`; the entries of the range
+    # before it are first added to the warp's histogram row.
+    part = T.ceildiv(T.ceildiv(end - begin, 32), nclusters) * 32
+    pbegin = T.min(begin + cid * part, end)
+    pend = T.min(pbegin + part, end)
     lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
-    _start_token(token, begin + lane, num_topk)
-    if warp % nclusters == cid:
-        for s in T.serial(steps):  # one copy of the placement code for every step
-            if s == 0:
-                for u in T.unroll(UNROLL):
-                    experts[u] = kept[u]
-            else:
-                _load_step(topk_idx, values, begin, end, lane, s)
-                for u in T.unroll(UNROLL):
-                    experts[u] = _expert_of(values[u], num_experts)
-            _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts, token,
-                        begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
+    for s in T.serial(T.ceildiv(pbegin - begin, STEP)):  # steps with entries before the part
+        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
+        _count_before(hist, experts, begin, pbegin, warp, lane, s)
+    T.sync_warp()
+    _start_token(token, pbegin + lane, num_topk)
+    for s in T.serial(T.truncdiv(pbegin - begin, STEP), T.ceildiv(pend - begin, STEP)):  # steps of the part
+        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
+        _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts, token,
+                    begin, pbegin, pend, warp, lane, lanes_below, num_topk, num_rows, s)
 
     # 4. padding rows, over the whole grid
     _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of,

@@ -1,5 +1,5 @@
 """moe.get_fused_mapping: two kernels, picked per call by the entry count (``path``: "blocks", a
-plain grid of independent blocks, up to 8192 entries; "cluster", one thread-block cluster, above);
+plain grid of independent blocks, up to 8192 entries; "cluster", up to four thread-block clusters, above);
 the token count, top-k, expert count (up to 1024), alignment and row count are run-time values.  The public function
 is a Python wrapper (``tile_kernels_aot.wrappers.get_fused_mapping``) that adds the host sync
 of ``num_expanded_tokens == 0``; the kernel op itself never synchronizes."""
@@ -58,6 +58,8 @@ SAMPLES = [
     _routed("blocks path: exact rows (no padding tail)", 700, 8, 32, 64, exact=True, unrouted=0.2),
     _drawn("cluster path, force_no_sync, no rows (one cluster)", 2000, 8, 8, 16, -1, 0, high=0,
            kwargs={"force_no_sync": True}),
+    # four clusters over one group of 32 per warp range: clusters 1-3 place nothing (empty parts)
+    _routed("cluster path: four clusters, empty parts, long padding tail", 1500, 6, 32, 16, 200000, unrouted=0.1),
 ]
 
 SCHEMA = Schema(
