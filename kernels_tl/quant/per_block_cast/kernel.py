@@ -26,8 +26,11 @@ shuffles and one shared-memory exchange, and the codes are written from the same
   strides; packed UE8M0 as single bytes of the int32 words, the thread of the last tile
   of a row also zeroes the word's unused bytes).  ``read_sf`` (precomputed factors) skips
   the maximum and reads ``sf`` instead (``sf_inv = 1 / sf``); ``write_out`` = 0 is sf-only.
-* Offsets into x and out are 64-bit (x may hold more than 2^31 elements); the grid is
+* Offsets into x and out are 64-bit (x may hold more than 2^31 elements), computed once per
+  thread (a base and a row step) so that every access is one add; the grid is
   one-dimensional, row of tiles major.
+* bf16 -> e4m3 codes: ``tka_store_bf16x8_e4m3`` (the widening by shift/mask, ``__fmul_rn``,
+  ``cvt.rn.satfinite.e4m3x2.f32``, one 8-byte store per piece).
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1) x
 ``block_m`` (32, 128): 8 kernels; ``block_k``, the token count, hidden, the sf layout and
@@ -42,23 +45,42 @@ from kernels_tl.quant_encoding import (  # noqa: F401 (PASS_CONFIGS: read by the
     MAX_VALUE, PASS_CONFIGS, STORE_BYTE_SOURCE, e2m1_nibble, has_fp4_convert, scale_factors, store_scale_factor)
 
 WARP = 32
+NACC = 4  # independent running maxima of the bf16 pairs
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 BLOCK_KS = (32, 128)
 
+
+
+# Eight bf16 values (four words, first value in the low half) times s -> eight e4m3 codes (first
+# in the low byte), one 8-byte store: float32(x) * s rounded once (the widening is exact: the
+# bf16 bits on top of a zero half), cvt.rn.satfinite (NaN -> 0x7F), as the reference.
+CAST_SOURCE = r"""
+__device__ __forceinline__ unsigned tka_bf16x2_e4m3x2(unsigned w, float s) {
+  unsigned short d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d)
+      : "f"(__fmul_rn(__uint_as_float(w & 0xFFFF0000u), s)), "f"(__fmul_rn(__uint_as_float(w << 16), s)));
+  return d;
+}
+__device__ __forceinline__ void tka_store_bf16x8_e4m3(void* p, unsigned w0, unsigned w1, unsigned w2, unsigned w3,
+                                                      float s) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(tka_bf16x2_e4m3x2(w0, s) | (tka_bf16x2_e4m3x2(w1, s) << 16),
+                                            tka_bf16x2_e4m3x2(w2, s) | (tka_bf16x2_e4m3x2(w3, s) << 16));
+}
+"""
 
 
 def layout(in_dtype: str, block_m: int):
     """(LC, LR, RPT): column lanes (pieces per block row), row lanes, pieces per thread.
 
     LC is the widest tile in pieces (16 bf16, 32 fp32) or, for 32-row tiles, 32 (a warp
-    on one row); RPT = 8 for 128-row tiles (64 bytes of bf16 / 128 of fp32 per thread),
-    4 for 32-row tiles."""
+    on one row); RPT = 8 (128 bytes of x per thread in flight): 128-row tiles take 256
+    (bf16) or 512 (fp32) threads, 32-row tiles 128."""
     piece = 16 // _IN_BYTES[in_dtype]
     widest = max(BLOCK_KS) // piece
     lc = max(widest, WARP) if block_m == 32 else widest
-    rpt = 8 if block_m == 128 else 4
+    rpt = 8
     lr = block_m // rpt
-    assert lc * lr in (256, 512) and lc % (min(BLOCK_KS) // piece) == 0 and lc <= WARP
+    assert lc * lr in (128, 256, 512) and lc % (min(BLOCK_KS) // piece) == 0 and lc <= WARP
     return lc, lr, rpt
 
 
@@ -105,35 +127,43 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
             tid = T.get_thread_binding()
             T.assume(col_tiles > 0)
             T.annotate_min_blocks_per_sm(2048 // threads // 2)  # <= 64 registers per thread
-            T.import_source(DEVICE_SOURCE + STORE_BYTE_SOURCE)
+            T.import_source(DEVICE_SOURCE + STORE_BYTE_SOURCE + CAST_SOURCE)
 
             xv = T.alloc_local((RPT, piece), in_dtype)
             amax = T.alloc_local((1,), T.float32)
             if in_dtype == "bfloat16":
-                pmax = T.alloc_local((1,), T.uint32)  # running max of |x| pairs (two bf16)
+                pmax = T.alloc_local((NACC,), T.uint32)  # running maxima of |x| pairs (two bf16)
                 pair = T.alloc_local((2,), in_dtype)
             sf_inv = T.alloc_local((1,), T.float32)
             sf_bits = T.alloc_local((1,), T.uint32)  # fp32 factor bits, or the UE8M0 byte
             packed = T.alloc_local((out_width,), T.uint8)
             warp_max = T.alloc_shared((num_warps * max_tiles,), T.float32, scope="shared")
 
-            tile_row = bid // col_tiles  # one 32-bit division per block
-            col_block = bid - tile_row * col_tiles
+            # Every index below derives from these, computed once (registers, not re-derived per
+            # access): one 32-bit division per block, 64-bit piece offsets into x and out.
+            tile_row = T.alloc_var(T.int32)
+            col = T.alloc_var(T.int32)
+            rows_left = T.alloc_var(T.int32)
+            base = T.alloc_var(T.int64)
+            step = T.alloc_var(T.int64)
+            tile_row = bid // col_tiles
+            col = (bid - tile_row * col_tiles) * LC + tid % LC  # piece column
+            rows_left = num_tokens - (tile_row * block_m + tid // LC)  # row i valid iff i * LR < rows_left
+            base = T.Cast("int64", tile_row * block_m + tid // LC) * T.Cast("int64", row_pieces) + T.Cast("int64", col)
+            step = T.Cast("int64", row_pieces) * LR  # pieces between a thread's rows
             c = tid % LC
             rl = tid // LC
-            col = col_block * LC + c  # piece column
             col_ok = col < row_pieces
             tile_pieces = 1 << tile_shift
             first_lane = (c & (tile_pieces - 1)) == 0  # of its tile's row
             tile = c >> tile_shift  # tile of this block row
             tile_col = col >> tile_shift  # tile column in the sf grid
-            first_row = tile_row * block_m + rl
 
-            # ---- load: all pieces first (64-bit offsets)
+            # ---- load: all pieces first
             for i in T.unroll(RPT):
-                if col_ok and first_row + i * LR < num_tokens:
+                if col_ok and i * LR < rows_left:
                     for u in T.vectorized(piece):
-                        xv[i, u] = x[T.Cast("int64", first_row + i * LR) * row_pieces + col, u]
+                        xv[i, u] = x[base + step * i, u]
                 else:
                     for u in T.unroll(piece):
                         xv[i, u] = T.cast(0, in_dtype)
@@ -148,10 +178,15 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
                 # ---- tile max: registers, the warp's lanes of the tile, then the warps
                 if in_dtype == "bfloat16":
                     # bf16 pairs stay packed (a NaN-keeping max on |x|), one widening at the end
-                    pmax[0] = T.reinterpret(T.abs2(xv[0, T.Ramp(0, 1, 2)]), T.uint32)
-                    for i in T.unroll(1, RPT * piece // 2):
-                        pmax[0] = bf16x2_max_nan(pmax[0], T.reinterpret(
+                    # NACC independent chains (short dependent latency), then a tree
+                    for a in T.unroll(NACC):
+                        pmax[a] = T.reinterpret(T.abs2(xv[2 * a // piece, T.Ramp(2 * a % piece, 1, 2)]), T.uint32)
+                    for i in T.unroll(NACC, RPT * piece // 2):
+                        pmax[i % NACC] = bf16x2_max_nan(pmax[i % NACC], T.reinterpret(
                             T.abs2(xv[2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]), T.uint32))
+                    for a in T.unroll(NACC // 2):
+                        pmax[a] = bf16x2_max_nan(pmax[a], pmax[a + NACC // 2])
+                    pmax[0] = bf16x2_max_nan(pmax[0], pmax[1])
                     pair[T.Ramp(0, 1, 2)] = T.reinterpret(pmax[0], "bfloat16x2")
                     amax[0] = max_nan(T.cast(pair[0], T.float32), T.cast(pair[1], T.float32))
                 else:
@@ -181,10 +216,15 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
             # ---- quantize and store
             if write_out != 0:
                 for i in T.unroll(RPT):
-                    if col_ok and first_row + i * LR < num_tokens:
-                        if fmt == "e4m3" or hw_fp4:
+                    if col_ok and i * LR < rows_left:
+                        if fmt == "e4m3" and in_dtype == "bfloat16":
+                            T.evaluate(T.call_extern(
+                                "void", "tka_store_bf16x8_e4m3", T.address_of(out[base + step * i, 0]),
+                                *[T.reinterpret(xv[i, T.Ramp(2 * k, 1, 2)], T.uint32) for k in range(4)],
+                                sf_inv[0]))
+                        elif fmt == "e4m3" or hw_fp4:
                             for u in T.vectorized(piece):
-                                out[T.Cast("int64", first_row + i * LR) * row_pieces + col, u] = T.cast(
+                                out[base + step * i, u] = T.cast(
                                     T.cast(xv[i, u], T.float32) * sf_inv[0], out_dtype)
                         else:
                             for b in T.unroll(out_width):
@@ -192,7 +232,7 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
                                 hi = e2m1_nibble(T.cast(xv[i, 2 * b + 1], T.float32) * sf_inv[0])
                                 packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
                             for b in T.vectorized(out_width):
-                                out[T.Cast("int64", first_row + i * LR) * row_pieces + col, b] = packed[b]
+                                out[base + step * i, b] = packed[b]
 
     return per_block_cast
 
