@@ -45,6 +45,10 @@ SCHEMA = Schema(
                 _sample("without transpose, round_sf, hidden 2048", 384, 2048, 128, round_sf=True,
                         without_transpose=True),
                 _sample("clamp -70 (the IEEE-divide copy), hidden 6144", 256, 6144, 32, swiglu_clamp_value=-70.0),
+                # 0.3 is no bf16 value: the select clamps of the fast-divide copy (0.5 and 10
+                # clamp the packed pairs)
+                _sample("clamp 0.3 (the select clamps), without transpose", 512, 2048, 128, without_transpose=True,
+                        swiglu_clamp_value=0.3),
             ],
             doc=("SwiGLU forward rounded to bfloat16, fused with a per-channel FP8 (e4m3) cast over blocks of "
                  "num_per_tokens (32 or 128) tokens: returns (out, out_sf), out [hidden, num_tokens] (or "

@@ -50,8 +50,10 @@ first, then a block max.
 
 Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): the
 same lanes in a grid of at most the resident blocks, each walking row blocks and
-adding its counts once (3 atomics per block instead of per 4 rows); counts and
-positive-bf16 clamps on the packed pairs.
+adding its counts once (3 atomics per block instead of per 4 rows); a warp reads
+its next row's flags one row early and has the next row brought into L2 by a bulk
+prefetch, so two rows are in flight per warp; counts and positive-bf16 clamps on
+the packed pairs.
 
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
 {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
@@ -107,6 +109,10 @@ BF16X2_SIGNS = 0x80008000
 SILU_ZERO_BELOW = -87.5
 SILU_FLOOR_BF16X2 = 0xC2B1C2B1  # two bf16 -88.5: the floor bf16 gates are raised to
 
+BF16X2_MIN_SOURCE = r"""__device__ __forceinline__ unsigned tka_bf16x2_min_nan(unsigned a, unsigned b) {
+  unsigned d; asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+"""
 # Device helpers (besides kernels_tl/nan_max.py's): volatile reads of
 # the thread and block indices, so that indices derived from them at the start of a row
 # are not kept live (in registers) across the math for the stores at its end.
@@ -124,10 +130,7 @@ __device__ __forceinline__ unsigned tka_bf16x2_gt(unsigned a, unsigned b) {
 __device__ __forceinline__ unsigned tka_bf16x2_lt(unsigned a, unsigned b) {
   unsigned d; asm("set.lt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
 }
-__device__ __forceinline__ unsigned tka_bf16x2_min_nan(unsigned a, unsigned b) {
-  unsigned d; asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
-}
-// The largest bf16 <= c (NaN for NaN), in both halves of a word: for every bf16 value l,
+""" + BF16X2_MIN_SOURCE + r"""// The largest bf16 <= c (NaN for NaN), in both halves of a word: for every bf16 value l,
 // l > c exactly when l > that bf16, and l < -c exactly when l < its negation.
 __device__ __forceinline__ unsigned tka_bf16x2_floor(float c) {
   unsigned u = __float_as_uint(c);
@@ -135,6 +138,14 @@ __device__ __forceinline__ unsigned tka_bf16x2_floor(float c) {
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) h = 0x7FC0u;
   else if ((u & 0xFFFFu) != 0u && (u >> 31) != 0u) h += 1u;  // negative, inexact: away from zero
   return h | (h << 16);
+}
+"""
+# The counted kernel's helpers besides DEVICE_SOURCE: bring `bytes` (a multiple of 16) from a
+# 16-byte aligned global address into L2 (a hint: nothing waits for it; the bulk-copy unit
+# fetches the range, no register is written).
+COUNTED_SOURCE = DEVICE_SOURCE + r"""
+__device__ __forceinline__ void tka_prefetch_bulk_l2(const void* p, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
 """
 
@@ -235,17 +246,18 @@ def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_
                       tmp, rng):
     """The option variants with the fast divide wherever it is exact, else the IEEE one.
 
-    bf16 (``packed``): l is raised to -88.5 (NaN kept; the quotient of every l <=
-    -87.5 is -0 either way, see ``fast_quotient``) and the fast divide is exact for
-    every such l, so nothing is checked: no branch waits for the loads.  fp32: a
-    lane whose |l| all lie below FAST_DIV_LIMIT (fmaxf, which skips NaN; NaN gives
-    NaN through either divide) takes the fast copy, any other lane the IEEE copy.
-    A clamp can only lower l: with c <= -FAST_DIV_LIMIT the IEEE copy runs (a
-    uniform branch).  Needs DEVICE_SOURCE imported.
+    bf16 (``packed``): in the fast copy l is raised to -88.5 (NaN kept; the quotient
+    of every l <= -87.5 is -0 either way, see ``fast_quotient``) and the fast divide
+    is exact for every such l, so nothing is checked: no branch waits for the loads.
+    fp32: a lane whose |l| all lie below FAST_DIV_LIMIT (fmaxf, which skips NaN; NaN
+    gives NaN through either divide) takes the fast copy, any other lane the IEEE
+    copy.  A clamp can only lower l: with c <= -FAST_DIV_LIMIT the IEEE copy runs (a
+    uniform branch) on the raw l, so that the count of ``l > c`` sees the unclamped,
+    unraised gates (the floor would count a gate below c < -88.5; in the fast copy,
+    c > -64, raising l to -88.5 leaves ``l > c`` unchanged).  Needs DEVICE_SOURCE
+    imported.
     """
     if packed:
-        for p in T.unroll(num_pairs):
-            xl[base // 2 + p] = bf16x2_max_nan(xl[base // 2 + p], T.uint32(SILU_FLOOR_BF16X2))
         in_range = True
     else:
         rng[0] = T.float32(0.0)
@@ -253,11 +265,31 @@ def swiglu_values_any(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_
             rng[0] = T.max(rng[0], T.abs(xl[base + p]))
         in_range = rng[0] < T.float32(FAST_DIV_LIMIT)
     if in_range and (clamp_mode == CLAMP_NONE or swiglu_clamp_value > -FAST_DIV_LIMIT):
+        if packed:
+            for p in T.unroll(num_pairs):
+                xl[base // 2 + p] = bf16x2_max_nan(xl[base // 2 + p], T.uint32(SILU_FLOOR_BF16X2))
         _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
                          counts, tmp, True)
     else:
         _swiglu_variants(xl, xr, v, base, num_pairs, packed, w, has_weights, clamp_mode, swiglu_clamp_value,
                          counts, tmp, False)
+
+
+def is_positive_bf16(c):
+    """``c`` (float32) is a positive bf16 value: the clamps can run on packed pairs."""
+    return T.And(c > T.float32(0.0), (T.reinterpret(c, T.uint32) & T.uint32(0xFFFF)) == T.uint32(0))
+
+
+@T.macro
+def clamp_pairs(xl, xr, num_words, c_pair):
+    """``l = clamp(l, max=c)``, ``r = clamp(r, -c, c)`` on ``num_words`` packed bf16 pairs, for
+    ``c`` a positive bf16 value in both halves of ``c_pair``: ``min.NaN`` / ``max.NaN.bf16x2``,
+    equal to the selects of ``swiglu_values`` there (no signed-zero bound; a NaN stays NaN,
+    canonicalized by every later operation).  Needs BF16X2_MIN_SOURCE imported."""
+    for p in T.unroll(num_words):
+        xl[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan", xl[p], c_pair)
+        xr[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan",
+                              bf16x2_max_nan(xr[p], c_pair ^ T.uint32(BF16X2_SIGNS)), c_pair)
 
 
 @T.macro
@@ -585,14 +617,19 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
     """The clamp-counting kernel (``plain = 2``; bf16, groups of 128).
 
     The lane layout and the math of ``_group_body``, in a grid of ``row_grid`` row blocks per
-    grid column (at most ``COUNTED_BLOCKS_PER_SM`` blocks per SM, sized by the host): block
-    ``by`` takes row blocks ``by, by + row_grid, ...``, and adds its counts to
-    ``clamped_count`` once at the end (one block reduction, 3 atomics).  The counts are taken
-    on the raw bf16 pairs (``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down to bf16,
-    which decides ``l > c`` and ``r < -c`` exactly for bf16 values), 16-bit halves summed per
-    row.  A clamp value that is a positive bf16 (0.5, 10, ...) clamps the packed pairs with
-    ``min.NaN`` / ``max.NaN.bf16x2`` (equal to the selects there: no signed-zero or NaN bound)
-    and runs the unclamped loop; any other value the selects of ``swiglu_values``.
+    grid column (at most ``COUNTED_BLOCKS_PER_SM`` blocks per SM, sized by the host): warp
+    ``k`` of block ``by`` takes rows ``r = 4 * by + k``, ``r + step``, ``r + 2 * step``, ...
+    (``step = 4 * row_grid``) and the block adds its counts to ``clamped_count`` once at the
+    end (one block reduction, 3 atomics).  Each row's loads go out at once: its keep flag
+    (``pos_to_expert``) and ``pos_to_token_topk`` were read one row earlier, and lane 0 has
+    had the warp's two 1 KB ranges of the row brought into L2 one row earlier
+    (``cp.async.bulk.prefetch.L2``), so a warp has two rows in flight, and nothing
+    dependent stands before a row's loads.  The counts are taken on the raw bf16 pairs
+    (``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down to bf16, which decides ``l > c``
+    and ``r < -c`` exactly for bf16 values), 16-bit halves summed per row.  A clamp value
+    that is a positive bf16 (0.5, 10, ...) clamps the packed pairs with ``min.NaN`` /
+    ``max.NaN.bf16x2`` (equal to the selects there: no signed-zero or NaN bound) and runs the
+    unclamped loop; any other value the selects of ``swiglu_values``.
     """
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP
@@ -606,6 +643,27 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             swiglu_values(xl, xr, v, 0, W, True, w, True, mode, c, counts, tmp, fast)
         else:
             swiglu_values(xl, xr, v, 0, W, True, w, False, mode, c, counts, tmp, fast)
+
+    @T.macro
+    def look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx, lane,
+                   nxt, ahead):
+        """While this row's loads are in flight: bring the next row's ranges into L2 (lane 0,
+        the next row kept), read the row after next's pos_to_expert (``ahead[0]``) and the
+        next row's pos_to_token_topk (``ahead[1]``): both are used one row later, so their
+        latency hides behind this row's."""
+        if nxt and lane == 0:
+            # the warp's chunks [32 bx, min(32 bx + 32, num_chunks)): 32 bytes each, per half
+            nbytes = T.min(WARP, num_chunks - bx * WARP) * (W * 4)
+            T.evaluate(T.call_extern("void", "tka_prefetch_bulk_l2", T.address_of(x[row + step, bx * WARP * W]),
+                                     nbytes))
+            T.evaluate(T.call_extern("void", "tka_prefetch_bulk_l2",
+                                     T.address_of(x[row + step, hidden // 2 + bx * WARP * W]), nbytes))
+        ahead[0] = 0
+        if has_pos_to_expert != 0 and row < num_tokens - 2 * step:
+            ahead[0] = pos_to_expert[row + 2 * step]
+        ahead[1] = 0
+        if has_weights != 0 and row < num_tokens - step:
+            ahead[1] = pos_to_token_topk[row + step]
 
     @T.prim_func
     def swiglu_forward_and_per_token_cast(
@@ -626,7 +684,7 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
         with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), row_grid, threads=ROWS_PER_BLOCK * WARP) as (bx, by):
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(COUNTED_BLOCKS_PER_SM)
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(COUNTED_SOURCE)
             tid = T.get_thread_binding()
             lane = tid % WARP
             x = T.view(x, (num_tokens, hidden), T.uint32)  # bf16 pairs (keeps the parameter `x`)
@@ -640,8 +698,13 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
             count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
             row = T.alloc_var(T.int32)
+            step = T.alloc_var(T.int32)
             src = T.alloc_var(T.int32)
-            keep = T.alloc_var(T.bool)
+            cur = T.alloc_var(T.bool)  # this row is kept
+            nxt = T.alloc_var(T.bool)  # the next row (row + step) is kept
+            # pos_to_expert of the row after next; pos_to_token_topk of this row (read one row
+            # earlier: look_ahead)
+            ahead = T.alloc_local((2,), T.int32)
             w = T.alloc_var(T.float32)
             c_floor = T.alloc_var(T.uint32)
             packed_clamp = T.alloc_var(T.bool)
@@ -654,25 +717,35 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             c_floor = T.call_extern(T.uint32, "tka_bf16x2_floor", swiglu_clamp_value)
             # c a positive bf16 value: the clamps are bf16x2 min/max on the packed words (then
             # c_floor holds c itself)
-            packed_clamp = swiglu_clamp_value > T.float32(0.0) and (
-                T.reinterpret(swiglu_clamp_value, T.uint32) & T.uint32(0xFFFF)) == T.uint32(0)
+            packed_clamp = is_positive_bf16(swiglu_clamp_value)
+
+            # the first two rows' keep flags and the first row's pos_to_token_topk
+            step = row_grid * ROWS_PER_BLOCK
+            row = by * ROWS_PER_BLOCK + tid // WARP
+            cur = row < num_tokens
+            if has_pos_to_expert != 0 and cur:
+                cur = pos_to_expert[row] >= 0
+            nxt = row < num_tokens - step
+            if has_pos_to_expert != 0 and nxt:
+                nxt = pos_to_expert[row + step] >= 0
+            ahead[1] = 0
+            if has_weights != 0 and row < num_tokens:
+                ahead[1] = pos_to_token_topk[row]
 
             for it in T.serial(T.ceildiv(num_row_blocks - by, row_grid)):
                 row = (by + it * row_grid) * ROWS_PER_BLOCK + tid // WARP
-                keep = row < num_tokens
-                if has_pos_to_expert != 0 and keep:
-                    keep = pos_to_expert[row] >= 0
-                if keep:  # warp-uniform
+                if cur:  # warp-uniform
                     w = T.float32(1.0)
                     if has_weights != 0:
-                        pos = pos_to_token_topk[row]
-                        w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+                        w = T.if_then_else(ahead[1] >= 0, topk_weights[T.max(ahead[1], 0)], T.float32(0.0))
                     # lanes past the row read its last chunk again (and count nothing)
                     src = T.min(bx * WARP + lane, num_chunks - 1)
                     for i in T.vectorized(W):
                         xl[i] = x[row, src * W + i]
                     for i in T.vectorized(W):
                         xr[i] = x[row, hidden // 2 + src * W + i]
+                    look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx,
+                               lane, nxt, ahead)
                     for j in T.unroll(3):
                         hits[j] = T.uint32(0)
                     for p in T.unroll(W):
@@ -688,10 +761,7 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
                     for p in T.unroll(W):
                         xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
                     if packed_clamp:  # uniform
-                        for p in T.unroll(W):
-                            xl[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan", xl[p], c_floor)
-                            xr[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan",
-                                                  bf16x2_max_nan(xr[p], c_floor ^ T.uint32(BF16X2_SIGNS)), c_floor)
+                        clamp_pairs(xl, xr, W, c_floor)
                         loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, True)
                     elif swiglu_clamp_value > -FAST_DIV_LIMIT:  # a clamp only lowers l
                         loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, True)
@@ -711,11 +781,15 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
                     for i in T.vectorized(V):
                         q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
                 else:  # skipped or past the end: zeros
+                    look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx,
+                               lane, nxt, ahead)
                     sf = T.float32(0.0)
                     sf_exp = T.uint32(0)
                     for i in T.vectorized(V):
                         q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
                 store_lane(out, out_sf, q, sf, sf_exp, row, bx, lane, num_tokens, num_chunks, sf_format)
+                cur = nxt
+                nxt = row < num_tokens - 2 * step and (has_pos_to_expert == 0 or ahead[0] >= 0)
 
             flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
 

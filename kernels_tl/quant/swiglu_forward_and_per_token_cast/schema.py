@@ -76,6 +76,15 @@ SCHEMA = Schema(
                             clamped_count=Randint([3], "int64", 0, 1000)),
                 _moe_sample("MoE, weights, clamp 2 counted, fp32 sf", 2000, 1024, swiglu_clamp_value=2.0,
                             clamped_count=Randint([3], "int64", 0, 1000)),
+                # a clamp below the -88.5 floor of the bf16 gates, gates reaching below it: the
+                # counts of l > c are taken on the raw gates (one group per row: the plain = 0
+                # row kernel's IEEE copy; groups of 128: the counted kernel's)
+                Sample("one group per row, clamp -100 counted", 300,
+                       [Rand(["T", 2 * 1024], "bfloat16", -130.0, 30.0), "e4m3", 1024],
+                       {"swiglu_clamp_value": -100.0, "clamped_count": Randint([3], "int64", 0, 1000)}),
+                Sample("MoE, clamp -100 counted", 1000, [Rand(["T", 2 * 1024], "bfloat16", -130.0, 30.0), "e4m3", 128], {
+                    "pos_to_expert": Randint(["T"], "int32", -1, 8), "swiglu_clamp_value": -100.0,
+                    "clamped_count": Randint([3], "int64", 0, 1000)}),
                 Sample("one group per row", 300, [Randn(["T", 2 * 7168], "bfloat16"), "e4m3", 7168]),
                 Sample("fp32, column-major sf", 500, [Randn(["T", 2048], "float32"), "e4m3", 128],
                        {"use_tma_aligned_col_major_sf": True}),
