@@ -18,6 +18,8 @@ struct Plan {
   bool transpose;
 };
 
+inline bool wide_layout(const Plan& p, int64_t elem) { return !p.transpose && (elem == 1 || (elem == 2 && p.gather)); }
+
 // The checks every op shares: fmt (the schema allows 'e4m3' only), the row block, alignment,
 // and the sizes the kernel's 32-bit dims and grid hold.
 template <typename A>
@@ -30,11 +32,16 @@ bool plan_common(const char* op, const A& a, Plan& p, Config& c) {
   TKA_CHECK(aligned(a.x.data, 16), "x", "must start 16-byte aligned");
   TKA_CHECK(p.num_tokens < 2147483647 && p.num_rows < 2147483647 - 128 && p.hidden < 2147483647, "x",
             "is too large: rows and hidden must be below 2^31");
-  // the grid's y extent: row blocks (in place) or channel tiles (transposed)
-  TKA_CHECK(p.transpose ? ceil_div(p.hidden, 8 * piece) <= 65535 : ceil_div(p.num_rows, 128) <= 65535, "x",
-            "is too large for one launch");
+  // the grid's y extent: channel tiles (of 8 or, wide, 16 pieces) when transposed or with a
+  // gather, else row tiles of 128 rows
+  const int64_t tile_pieces = wide_layout(p, elem) ? 16 : 8;
+  const int64_t grid_y = p.transpose || p.gather ? ceil_div(p.hidden, tile_pieces * piece) : ceil_div(p.num_rows, 128);
+  TKA_CHECK(grid_y <= 65535, "x", "is too large for one launch");
   c.in_dtype = a.x.dtype;
   c.transpose = p.transpose ? 1 : 0;
+  // the wide layout (256 bytes of 128 rows per block, 8 rows per thread): a pre-quantized x
+  // always, a bf16 x with a gather; else (and transposed) the narrow one (128 bytes, 4 rows)
+  c.wide = wide_layout(p, elem) ? 1 : 0;
   return true;
 }
 

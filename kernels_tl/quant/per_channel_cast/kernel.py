@@ -14,32 +14,48 @@ the reference's (``tile_kernels_aot.torch.quant``): ``v = x`` (pre-quantized:
 
 Design
 ------
-Memory-bound.  A block of 256 threads owns a tile of 128 rows x 128 bytes of input row
-(``CH`` channels: 64 bf16, 32 fp32, 128 e4m3; a 16-byte *piece* is ``V`` channels).  Thread
-``tid`` takes piece ``tid % 8`` of the 4 consecutive rows ``4 * (tid // 8) + i``: four 16-byte
-loads (all in flight before the first use), so a warp instruction reads 4 whole 128-byte
-lines.  With ``gather`` the thread first loads the 4 positions of its rows (one 16-byte load).
+Memory-bound.  A block of 256 threads owns a tile of 128 rows x ``L`` 16-byte pieces of input
+row (a piece is ``V`` channels: 8 bf16, 4 fp32, 16 e4m3; ``CH = L * V`` channels per tile).
+Thread ``tid`` takes piece ``tid % L`` of the ``R`` consecutive rows ``R * (tid // L) + i``: R
+16-byte loads, all in flight before the first use.  Two layouts (static ``wide``):
 
-1. amax of each of the thread's channels over its 4 rows (bf16: on packed pairs,
-   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element), then over
-   the 4 row groups of the warp (``shfl_xor`` 8, 16): a warp holds the maxima of 16 rows.
-2. Lanes 0-7 of each warp write them to shared memory ([8 warps][CH] fp32); barrier.
+- narrow, ``L = 8, R = 4``: 128 bytes of each tile row, 64 bytes of loads per thread, a warp
+  instruction reads 4 whole 128-byte lines (fp32; bf16 without a gather; transposed);
+- wide, ``L = 16, R = 8``: 256 bytes of each tile row, 128 bytes of loads per thread (32 KiB
+  per block), a warp instruction reads 2 rows x 256 bytes (bf16 with a gather; pre-quantized).
+
+With ``gather`` the thread first loads the R positions of its rows (16-byte loads).  Either
+way a warp covers 16 rows (``32 / L`` row groups of R rows).
+
+0. Block order (in place): without a gather, channel tile fastest (grid x), so the blocks
+   started together read whole rows; with a gather, row tile fastest, so the blocks started
+   together read a column band of every output row and a token that several output rows read
+   (routed to several local experts) is still in L2 at its later reads (the grid's extents
+   swap on the run-time ``gather``, 0 or 1).  Transposed: row tile in x.
+1. amax of each of the thread's channels over its R rows (bf16: on packed pairs,
+   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element, the codes
+   decoded once to f16 pairs (exact) that step 4 reuses), then over the warp's row groups
+   (``shfl_xor`` by ``L``, ``2L`` below 32): a warp holds the maxima of 16 rows.
+2. Lanes ``0 .. L-1`` of each warp write them to shared memory ([8 warps][CH] fp32); barrier.
 3. One thread per (row block of ``npt`` rows, channel) in the tile takes the max over the
    ``npt / 16`` warps of its block, computes (sf, sf_inv), writes sf to ``out_sf`` (consecutive
    threads: consecutive channels) and sf_inv to shared memory; barrier.
-4. Each thread encodes its 4 x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
-   into 32-bit words.  In place: 4 stores of V bytes (whole 32-byte sectors per 4 lanes).
-   Transposed (bf16): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per channel,
-   the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot XORed
-   with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
+4. Each thread encodes its R x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
+   into 32-bit words.  In place: R stores of V bytes.
+   Transposed (bf16, narrow): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per
+   channel, the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot
+   XORed with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
    go out, 8 lanes per 128-byte output line.
 
 Rows past ``num_rows`` (a partial last block) and pieces past ``hidden`` load nothing (they add
-0 to the maxima) and store nothing.  Offsets into ``x``, ``x_sf``, ``out`` and ``out_sf`` are
-64-bit.  ``npt`` (16, 32, 64 or 128), ``gather`` and ``round_sf`` are run-time values.
+0 to the maxima) and store nothing.  With a gather ``num_rows % 16 == 0`` and a thread's first row
+is a multiple of R (4 or 8), so its R rows exist together.  Offsets into ``x``, ``x_sf``, ``out``
+and ``out_sf`` are 64-bit.  ``npt`` (16, 32, 64 or 128), ``gather`` and ``round_sf`` are
+run-time values.
 
-Static configurations: ``in_dtype`` (bfloat16, float32, float8_e4m3fn) x ``transpose`` (0; 1 for
-bfloat16): 4.  Measured times in ``notes.md``.
+Static configurations: ``in_dtype`` x ``transpose`` x ``wide``: (bfloat16, 0, 0), (float32, 0,
+0), (bfloat16, 0, 1), (float8_e4m3fn, 0, 1), (bfloat16, 1, 0): 5.  The host takes the wide one
+for a pre-quantized x and for a bf16 x with a gather.  Measured times in ``notes.md``.
 """
 
 from tilelang import language as T
@@ -53,12 +69,16 @@ from kernels_tl.quant_math import scale_factor
 THREADS = 256
 WARPS = THREADS // 32
 TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
-ROWS_PER_THREAD = 4
-LANES_PER_ROW = 8  # 16-byte pieces of a tile row (128 bytes)
-WARP_ROWS = 32 // LANES_PER_ROW * ROWS_PER_THREAD  # rows one warp covers: 16
-# Launch bounds: at least 4 blocks of 256 threads per SM (<= 64 registers); the pre-quantized
-# input (16 channels per thread, decoded twice) 3 (<= 80 registers): at 64 it spilled on sm_100a.
-MIN_BLOCKS_PER_SM = {"bfloat16": 4, "float32": 4, "float8_e4m3fn": 3}
+# Thread layout (lanes per tile row, rows per thread) by ``wide``: 16 lanes x 8 rows (a tile row is
+# 256 bytes, 128 bytes of loads per thread) or 8 lanes x 4 rows (a tile row is 128 bytes, 64 bytes
+# of loads per thread; transposed: a thread's 4 rows are one word of the output).  Either way a
+# warp covers 16 rows.
+LAYOUT = {1: (16, 8), 0: (8, 4)}
+WARP_ROWS = 16
+# Launch bounds (blocks of 256 threads per SM): narrow 4 (<= 64 registers); wide 3 (<= 80), the
+# pre-quantized input 2 (<= 128: its 128 codes per thread are kept decoded as f16 pairs).
+MIN_BLOCKS_PER_SM = {(0, "bfloat16"): 4, (0, "float32"): 4, (1, "bfloat16"): 3, (1, "float32"): 3,
+                     (1, "float8_e4m3fn"): 2}
 FP8_MAX = 448.0
 SF_CLAMP_MIN = 1e-4
 IN_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -69,12 +89,21 @@ PASS_CONFIGS = {
     "tl.disable_safe_memory_legalize": True,
 }
 
-# Device helpers: decode one e4m3 code of a word (exact, 0x7F / 0xFF -> NaN) and a 4 x 4 byte
-# transpose (word e of the result holds byte e of w0, w1, w2, w3, in that order).
+# Device helpers: an e4m3 code pair of a word as an f16 pair (exact, 0x7F / 0xFF -> NaN), one f16
+# of such a pair as float32 (the two steps of ``tka_e4m3x2_values``, apart so that the f16 pairs
+# can be kept), and a 4 x 4 byte transpose (word e of the result holds byte e of w0, w1, w2, w3).
 DEVICE_SOURCE = r"""
-__device__ __forceinline__ float tka_pcc_e4m3_value(unsigned w, int k) {
-  const float2 pair = tka_e4m3x2_values(w >> (16 * (k >> 1)));
-  return (k & 1) ? pair.y : pair.x;
+__device__ __forceinline__ unsigned tka_pcc_e4m3x2_f16x2(unsigned w, int hi) {
+  unsigned h;
+  const unsigned short p16 = (unsigned short)((w >> (16 * hi)) & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(p16));
+  return h;
+}
+__device__ __forceinline__ float tka_pcc_f16_value(unsigned h, int hi) {
+  float v;
+  const unsigned short b = (unsigned short)((h >> (16 * hi)) & 0xFFFFu);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(b));
+  return v;
 }
 __device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1, unsigned w2, unsigned w3, int e) {
   // bytes e of (w0, w1) and of (w2, w3) side by side, then the two pairs
@@ -85,12 +114,16 @@ __device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1
 """
 
 
-def per_channel_cast_kernel(in_dtype: str, transpose: int):
+def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
     assert in_dtype in IN_BYTES
     assert transpose in (0, 1) and (not transpose or in_dtype == "bfloat16")
     quantized = in_dtype == "float8_e4m3fn"
+    assert wide in (0, 1) and not (transpose and wide) and (wide or not quantized)
+    L, R = LAYOUT[wide]  # lanes per tile row, rows per thread
+    assert 32 // L * R == WARP_ROWS
+    SHFL_STEPS = (32 // L).bit_length() - 1  # row groups of a warp: 4 (2 steps) or 2 (1 step)
     V = 16 // IN_BYTES[in_dtype]  # channels per 16-byte piece
-    CH = LANES_PER_ROW * V  # channels per tile
+    CH = L * V  # channels per tile
     OW = V // 4  # 32-bit words of e4m3 codes per piece
     # the fewest rows per factor: 32 transposed (upstream's 32 and 128), else 128, so that the
     # (row block, channel) pairs of a tile are at most one per thread
@@ -98,18 +131,21 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
     assert TILE_ROWS // min_npt * CH <= THREADS
     # values per 32-bit input word
     PER_WORD = 4 // IN_BYTES[in_dtype]
+    # pre-quantized: pieces per input factor (128 channels)
+    SF_PIECES = 128 // V
 
-    def value(w, s_in, i, c):
-        """Channel c of the thread's row i as float32 (pre-quantized: fl(q * s_in))."""
-        word = w[i, c // PER_WORD]
+    def value(w, h, s_in, i, c):
+        """Channel c of the thread's row i as float32 (pre-quantized: fl(q * s_in), q from the f16 pairs h)."""
         if in_dtype == "bfloat16":  # c may be a loop variable: the shift is 16 for even c, 0 for odd
-            return T.reinterpret((word << T.Cast("uint32", 16 - 16 * (c % 2))) & T.uint32(0xFFFF0000), T.float32)
+            return T.reinterpret((w[i, c // PER_WORD] << T.Cast("uint32", 16 - 16 * (c % 2))) & T.uint32(0xFFFF0000),
+                                 T.float32)
         if in_dtype == "float32":
-            return T.reinterpret(word, T.float32)
-        return T.call_extern(T.float32, "__fmul_rn", T.call_extern(T.float32, "tka_pcc_e4m3_value", word, c % 4), s_in[i])
+            return T.reinterpret(w[i, c // PER_WORD], T.float32)
+        return T.call_extern(T.float32, "__fmul_rn", T.call_extern(T.float32, "tka_pcc_f16_value", h[i, c // 2], c % 2),
+                             s_in[i])
 
-    def scaled(w, s_in, sf_inv, i, c):
-        return T.call_extern(T.float32, "__fmul_rn", value(w, s_in, i, c), sf_inv[c])
+    def scaled(w, h, s_in, sf_inv, i, c):
+        return T.call_extern(T.float32, "__fmul_rn", value(w, h, s_in, i, c), sf_inv[c])
 
     num_tokens = T.dynamic("num_tokens")  # rows of x
     num_rows = T.dynamic("num_rows")  # rows of the output (pos_to_token's length with gather)
@@ -120,11 +156,16 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
     if transpose:
         # [hidden, num_rows] e4m3 as 16-byte chunks of 16 rows
         out_type = T.Tensor[(row_pieces * V, num_rows // 16), "uint32x4"]
-        grid = (T.ceildiv(num_rows, TILE_ROWS), T.ceildiv(row_pieces, LANES_PER_ROW))
+        grid = (T.ceildiv(num_rows, TILE_ROWS), T.ceildiv(row_pieces, L))
     else:
         # [num_rows, hidden] e4m3 as 32-bit words
         out_type = T.Tensor[(num_rows * row_pieces * OW,), T.uint32]
-        grid = (T.ceildiv(row_pieces, LANES_PER_ROW), T.ceildiv(num_rows, TILE_ROWS))
+        # x: channel tiles, y: row tiles; with a gather the other way round (row tile fastest)
+        col_tiles = T.ceildiv(row_pieces, L)
+        row_tiles = T.ceildiv(num_rows, TILE_ROWS)
+        # (gather is 0 or 1: the launch geometry is plain integer arithmetic for the host stub)
+        grid = (lambda gather: gather * row_tiles + (1 - gather) * col_tiles,
+                lambda gather: gather * col_tiles + (1 - gather) * row_tiles)
 
     @T.prim_func
     def per_channel_cast(
@@ -137,9 +178,9 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
         gather: T.int32,
         round_sf: T.int32,
     ):
-        with T.Kernel(*grid, threads=THREADS) as (bx, by):
+        with T.Kernel(*[g(gather) if callable(g) else g for g in grid], threads=THREADS) as block_ids:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[in_dtype])
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[(wide, in_dtype)])
             T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + DEVICE_SOURCE)
             tid = T.get_thread_binding()
             T.assume(num_per_tokens >= min_npt)
@@ -152,70 +193,86 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
                 codes_v = T.alloc_shared((CH * 8,), "uint32x4")
                 codes_t = T.view(codes_v, (CH * 32,), T.uint32)
 
-            w = T.alloc_local((ROWS_PER_THREAD, 4), T.uint32)  # the thread's 4 pieces
-            pos = T.alloc_local((ROWS_PER_THREAD,), T.int32)
-            s_in = T.alloc_local((ROWS_PER_THREAD,), T.float32)
+            w = T.alloc_local((R, 4), T.uint32)  # the thread's R pieces
+            h = T.alloc_local((R, 8), T.uint32)  # pre-quantized: the pieces' codes as f16 pairs
+            pos = T.alloc_local((R,), T.int32)
+            s_in = T.alloc_local((R,), T.float32)
             amax = T.alloc_local((V,), T.float32)
             pmax = T.alloc_local((4,), T.uint32)  # bf16: packed maxima of channel pairs
             sf_inv = T.alloc_local((V,), T.float32)
-            code = T.alloc_local((ROWS_PER_THREAD, OW), T.uint32)
+            code = T.alloc_local((R, OW), T.uint32)
             a = T.alloc_var(T.float32)
 
-            tile_c = by if transpose else bx  # channel tile
-            tile_r = bx if transpose else by  # row tile
-            rg = tid // LANES_PER_ROW
-            piece = tile_c * LANES_PER_ROW + tid % LANES_PER_ROW
+            if transpose:
+                bx, by = block_ids
+                tile_c = by  # channel tile
+                tile_r = bx  # row tile: blocks started together write the same output rows
+            else:
+                # Without a gather, channel tile fastest: the blocks started together read whole
+                # rows.  With a gather, row tile fastest: the blocks started together read a
+                # 256-byte column band of every output row, so the band of a token that several
+                # output rows read (routed to several local experts) is still in L2 at its
+                # repeated reads.
+                bx, by = block_ids
+                tile_c = T.if_then_else(gather != 0, by, bx)
+                tile_r = T.if_then_else(gather != 0, bx, by)
+            rg = tid // L
+            piece = tile_c * L + tid % L
             piece_ok = piece < row_pieces
-            row0 = tile_r * TILE_ROWS + rg * ROWS_PER_THREAD  # the thread's first row
-            rows_ok = row0 < num_rows  # num_rows % 4 == 0 with gather, % 16 transposed; else per row
+            row0 = tile_r * TILE_ROWS + rg * R  # the thread's first row
+            rows_ok = row0 < num_rows  # num_rows % 16 == 0 with gather or transposed; else per row
 
-            # ---- positions: the source row of each of the 4 rows (-1: a zero row)
+            # ---- positions: the source row of each of the R rows (-1: a zero row)
             if gather != 0:
-                for i in T.unroll(ROWS_PER_THREAD):
+                for i in T.unroll(R):
                     pos[i] = -1
                 if rows_ok:
-                    for i in T.vectorized(ROWS_PER_THREAD):
+                    for i in T.vectorized(R):  # 16-byte loads (row0 % R == 0, pos_to_token 16-byte aligned)
                         pos[i] = pos_to_token[row0 + i]
-                for i in T.unroll(ROWS_PER_THREAD):
+                for i in T.unroll(R):
                     pos[i] = T.if_then_else(pos[i] < num_tokens, pos[i], -1)
             else:
-                for i in T.unroll(ROWS_PER_THREAD):
+                for i in T.unroll(R):
                     pos[i] = T.if_then_else(row0 + i < num_rows, row0 + i, -1)
 
-            # ---- loads: all four pieces (and their input factors) before the first use
-            for i in T.unroll(ROWS_PER_THREAD):
+            # ---- loads: all R pieces (and their input factors) before the first use
+            for i in T.unroll(R):
                 s_in[i] = T.float32(0)
                 if piece_ok and pos[i] >= 0:
                     for u in T.vectorized(4):
                         w[i, u] = x[T.Cast("int64", pos[i]), piece, u]
                     if quantized:
-                        s_in[i] = x_sf[T.Cast("int64", pos[i]), piece // LANES_PER_ROW]
+                        s_in[i] = x_sf[T.Cast("int64", pos[i]), piece // SF_PIECES]
                 else:
                     for u in T.unroll(4):
                         w[i, u] = T.uint32(0)
 
-            # ---- 1. amax over the thread's rows, then over the warp's 4 row groups
+            # ---- 1. amax over the thread's rows, then over the warp's row groups
             if in_dtype == "bfloat16":
                 for k in T.unroll(4):
                     pmax[k] = w[0, k] & T.uint32(0x7FFF7FFF)
-                    for i in T.unroll(1, ROWS_PER_THREAD):
+                    for i in T.unroll(1, R):
                         pmax[k] = bf16x2_max_nan(pmax[k], w[i, k] & T.uint32(0x7FFF7FFF))
-                    for st in T.unroll(2):
-                        pmax[k] = bf16x2_max_nan(pmax[k], T.shfl_xor(pmax[k], LANES_PER_ROW << st))
+                    for st in T.unroll(SHFL_STEPS):
+                        pmax[k] = bf16x2_max_nan(pmax[k], T.shfl_xor(pmax[k], L << st))
                     amax[2 * k] = T.reinterpret(pmax[k] << T.uint32(16), T.float32)
                     amax[2 * k + 1] = T.reinterpret(pmax[k] & T.uint32(0xFFFF0000), T.float32)
             else:
+                if quantized:  # decode once: the codes as f16 pairs (exact), kept for step 4
+                    for i in T.unroll(R):
+                        for m in T.unroll(8):
+                            h[i, m] = T.call_extern(T.uint32, "tka_pcc_e4m3x2_f16x2", w[i, m // 2], m % 2)
                 for c in T.unroll(V):
-                    amax[c] = T.abs(value(w, s_in, 0, c))
-                    for i in T.unroll(1, ROWS_PER_THREAD):
-                        amax[c] = max_nan(amax[c], T.abs(value(w, s_in, i, c)))
-                    for st in T.unroll(2):
-                        amax[c] = max_nan(amax[c], T.shfl_xor(amax[c], LANES_PER_ROW << st))
+                    amax[c] = T.abs(value(w, h, s_in, 0, c))
+                    for i in T.unroll(1, R):
+                        amax[c] = max_nan(amax[c], T.abs(value(w, h, s_in, i, c)))
+                    for st in T.unroll(SHFL_STEPS):
+                        amax[c] = max_nan(amax[c], T.shfl_xor(amax[c], L << st))
 
             # ---- 2. the warp's maxima to shared memory
-            if tid % 32 < LANES_PER_ROW:
+            if tid % 32 < L:
                 for c in T.vectorized(V):
-                    partial[tid // 32, (tid % LANES_PER_ROW) * V + c] = amax[c]
+                    partial[tid // 32, (tid % L) * V + c] = amax[c]
             T.sync_threads()
 
             # ---- 3. factors: one thread per (row block, channel)
@@ -237,14 +294,15 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
             T.sync_threads()
 
             # ---- 4. encode
-            blk_t = rg * ROWS_PER_THREAD // num_per_tokens
+            blk_t = rg * R // num_per_tokens
             for c in T.vectorized(V):
-                sf_inv[c] = inv[blk_t, (tid % LANES_PER_ROW) * V + c]
-            for i in T.unroll(ROWS_PER_THREAD):
+                sf_inv[c] = inv[blk_t, (tid % L) * V + c]
+            for i in T.unroll(R):
                 for q in T.unroll(OW):
                     code[i, q] = T.call_extern(
-                        T.uint32, "tka_e4m3x4_codes", scaled(w, s_in, sf_inv, i, 4 * q), scaled(w, s_in, sf_inv, i, 4 * q + 1),
-                        scaled(w, s_in, sf_inv, i, 4 * q + 2), scaled(w, s_in, sf_inv, i, 4 * q + 3))
+                        T.uint32, "tka_e4m3x4_codes", scaled(w, h, s_in, sf_inv, i, 4 * q),
+                        scaled(w, h, s_in, sf_inv, i, 4 * q + 1), scaled(w, h, s_in, sf_inv, i, 4 * q + 2),
+                        scaled(w, h, s_in, sf_inv, i, 4 * q + 3))
                 if not transpose:  # in place: each row's codes go out as soon as they are made
                     if piece_ok and row0 + i < num_rows:
                         for q in T.vectorized(OW):
@@ -253,7 +311,7 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
                 # per channel, the word of its 4 rows, into the channel's swizzled 128-byte row
                 for q in T.unroll(OW):
                     for e in T.unroll(4):
-                        ch_t = (tid % LANES_PER_ROW) * V + 4 * q + e
+                        ch_t = (tid % L) * V + 4 * q + e
                         codes_t[ch_t * 32 + (rg ^ ((ch_t // 8 % 8) * 4))] = T.call_extern(
                             T.uint32, "tka_pcc_byte_column", code[0, q], code[1, q], code[2, q], code[3, q], e)
                 T.sync_threads()
@@ -268,7 +326,7 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int):
     return per_channel_cast
 
 
-def host_constants(in_dtype: str, transpose: int) -> dict:
+def host_constants(in_dtype: str, transpose: int, wide: int) -> dict:
     """Channels per tile (grid) and per 16-byte piece (hidden's granularity)."""
     V = 16 // IN_BYTES[in_dtype]
-    return {"tile_channels": LANES_PER_ROW * V, "piece_channels": V}
+    return {"tile_channels": LAYOUT[wide][0] * V, "piece_channels": V}

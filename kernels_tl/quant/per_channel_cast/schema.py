@@ -1,7 +1,8 @@
 """quant.per_channel_cast, per_channel_cast_and_transpose and per_channel_cast_fused: one kernel
-per (input dtype, transposed output); the token count, output rows, hidden size,
+per (input dtype, transposed output, wide layout); the token count, output rows, hidden size,
 num_per_tokens, round_sf and the row gather (pos_to_token) are run-time values.  A pre-quantized
-(data, sf) input of per_channel_cast_fused is the float8_e4m3fn config."""
+(data, sf) input of per_channel_cast_fused is the float8_e4m3fn config (wide); a bf16 x with a
+gather takes the wide bf16 config."""
 
 from kernels_tl.schema import (Bool, Int, Op, Out, Param, QuantizedTensor, Rand, Randn, Routed, Routing, Sample,
                                Schema, Str, Tensor)
@@ -39,7 +40,7 @@ def _pre_quantized(hidden: int):
 
 
 SCHEMA = Schema(
-    static=("in_dtype", "transpose"),
+    static=("in_dtype", "transpose", "wide"),
     ops=[
         _plain_op(
             "per_channel_cast", ["bfloat16", "float32"], "list(x.shape)",
@@ -91,6 +92,11 @@ SCHEMA = Schema(
                        {"pos_to_token": POS}, routing=TAIL),
                 Sample("gather, fp32, hidden 576", 1000, [_x(576, "float32"), "e4m3", 128],
                        {"pos_to_token": POS}, routing=TAIL),
+                # the wide layout's tile is 256 bytes of a row: 576 bf16 channels end half-way into the last one
+                Sample("gather, hidden 576 (partial last tile)", 1000, [_x(576), "e4m3", 128],
+                       {"pos_to_token": POS}, routing=TAIL),
+                Sample("gather, fused cast-back, hidden 1152 (partial last tile)", 1000, [_pre_quantized(1152), "e4m3", 128],
+                       {"num_per_channels": 128, "pos_to_token": POS}, routing=TAIL),
                 Sample("gather, fused cast-back, partial last block, round_sf", 1000,
                        [_pre_quantized(2048), "e4m3", 128, True], {"num_per_channels": 128, "pos_to_token": POS},
                        routing=TAIL),
