@@ -94,6 +94,8 @@ def _arg_fields(op: Op) -> list:
         t, n = p.type, p.name
         if t.kind == "tensor":
             fields.append(f"TensorArg {n};")
+        elif t.kind == "tensor_list":
+            fields.append(f"TensorListArg<{t.max_len}> {n};")
         elif t.kind == "quantized":
             fields += [f"TensorArg {n};  // the data, or the plain tensor", f"TensorArg {n}_sf;  // absent for a plain tensor"]
         elif t.kind == "int":
@@ -187,11 +189,20 @@ def _parse_param(i: int, p, qual: str) -> list:
     t, n = p.type, p.name
     L = []
     fail = " return nullptr;"
-    if t.kind in ("tensor", "quantized"):
+    if t.kind in ("tensor", "quantized", "tensor_list"):
         def dtype_checks(field, dtypes, label):
             dts = ", ".join(DTYPES[d].enum for d in dtypes)
             return (f"!check_dtype(op, {cpp_string(label)}, a.{field}, {{{dts}}})")
-        if t.kind == "tensor":
+        if t.kind == "tensor_list":
+            if p.default != REQUIRED:
+                raise ValueError(f"{qual}: a tensor list parameter must be required")
+            L.append(f"  if (!tensor_list_arg(op, {cpp_string(n)}, v[{i}], {t.max_len}, a.{n}.items, &a.{n}.size)){fail}\n")
+            item = f"{n}.items[k]"
+            rank = "check_min_ndim" if t.leading else "check_ndim"
+            checks = [dtype_checks(item, t.dtypes, n), f"!{rank}(op, {cpp_string(n)}, a.{item}, {t.ndim})",
+                      f"!check_layout(op, {cpp_string(n)}, a.{item}, {'true' if t.contiguous else 'false'})"]
+            L.append(f"  for (int64_t k = 0; k < a.{n}.size; ++k)\n    if ({' || '.join(checks)}){fail}\n")
+        elif t.kind == "tensor":
             L.append(f"  if (!tensor_arg(op, {cpp_string(n)}, v[{i}], {'true' if t.optional else 'false'}, &a.{n})){fail}\n")
             rank = "check_min_ndim" if t.leading else "check_ndim"
             checks = [dtype_checks(n, t.dtypes, n), f"!{rank}(op, {cpp_string(n)}, a.{n}, {t.ndim})",
@@ -306,6 +317,10 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
     L.append(f"  const int device = a.{first}.device;\n")
     for n, label in zip(tensors, labels):
         L.append(f"  if (a.{n}.present && !check_same_device(op, {cpp_string(label)}, a.{n}, device)) return nullptr;\n")
+    for p in op.params:
+        if p.type.kind == "tensor_list":
+            L.append(f"  for (int64_t k = 0; k < a.{p.name}.size; ++k)\n"
+                     f"    if (!check_same_device(op, {cpp_string(p.name)}, a.{p.name}.items[k], device)) return nullptr;\n")
     L.append("  const int arch = device_arch(op, device);\n  if (arch < 0) return nullptr;\n")
     L.append("  const Launcher launcher = kLaunch[cfg][arch];\n")
     L.append("  if (launcher == nullptr) { runtime_error(op, \"this build has no %s kernel for this configuration\", "
@@ -323,10 +338,16 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
         L.append(f"  const TensorArg* const inputs[] = {{{', '.join(f'&a.{n}' for n in tensors)}}};\n")
         L.append(f"  if (!check_no_overlap(op, {nout}, out_names, v + {npos}, outs, {len(tensors)}, input_names, inputs)) "
                  "return nullptr;\n")
-    L.append("  if (F::needs_launch(p)) {\n    KernelArgs ka{};\n")
     outs = ", ".join(f"outs[{k}].t" for k in range(nout))
-    L.append(f"    if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka)) return nullptr;\n")
-    L.append("    if (!launcher(op, device, stream, ka)) return nullptr;\n  }\n")
+    if op.launches:  # chained launches: the host side's count, kernel_args per launch index
+        L.append("  if (F::needs_launch(p)) {\n    const int64_t launches = F::launches(p);\n"
+                 "    for (int64_t j = 0; j < launches; ++j) {\n      KernelArgs ka{};\n")
+        L.append(f"      if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka, j)) return nullptr;\n")
+        L.append("      if (!launcher(op, device, stream, ka)) return nullptr;\n    }\n  }\n")
+    else:
+        L.append("  if (F::needs_launch(p)) {\n    KernelArgs ka{};\n")
+        L.append(f"    if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka)) return nullptr;\n")
+        L.append("    if (!launcher(op, device, stream, ka)) return nullptr;\n  }\n")
     index = {o.name: k for k, o in enumerate(op.outs)}
     if not op.returns:
         L.append("  Py_RETURN_NONE;\n")

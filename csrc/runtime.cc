@@ -174,6 +174,19 @@ bool tensor_arg(const char* op, const char* name, PyObject* obj, bool optional, 
   return true;
 }
 
+bool tensor_list_arg(const char* op, const char* name, PyObject* obj, int max_len, TensorArg* items, int64_t* size) {
+  if (obj == nullptr || !(PyList_Check(obj) || PyTuple_Check(obj)))
+    return type_error(op, "%s must be a list or tuple of torch.Tensor, got %s", name,
+                      obj == nullptr ? "nothing" : Py_TYPE(obj)->tp_name);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  if (n > max_len) return value_error(op, "%s has %zd tensors; at most %d are supported", name, n, max_len);
+  PyObject** elements = PySequence_Fast_ITEMS(obj);
+  for (Py_ssize_t k = 0; k < n; ++k)
+    if (!tensor_arg(op, name, elements[k], false, &items[k])) return false;
+  *size = n;
+  return true;
+}
+
 bool set_torch_path(PyObject* fn, PyObject* base, PyObject* plain) {
   if (!PyCallable_Check(fn) || !PyType_Check(base) || !PyTuple_Check(plain))
     return type_error("set_torch_path", "expects (callable, type, tuple of types)");

@@ -44,6 +44,23 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class TensorList:
+    """A list (or tuple) of at most ``max_len`` tensors, each checked as a :class:`Tensor` of
+    ``dtypes``, ``ndim``, ``contiguous`` and ``leading`` (the host checks their shapes);
+    ``mutable``: the op writes into them.  The host sees a ``TensorListArg<max_len>`` (``size``,
+    ``items``); torch.library sees ``Tensor[]`` (``Tensor(a!)[]`` when mutable).  Samples give
+    one as :class:`Tensors`."""
+
+    dtypes: Sequence[str]
+    ndim: int
+    max_len: int
+    contiguous: bool = True
+    mutable: bool = False
+    leading: bool = False
+    kind: str = "tensor_list"
+
+
+@dataclass(frozen=True)
 class QuantizedTensor:
     """A pre-quantized ``(data, sf)`` pair, or (with ``plain_dtypes``) a plain tensor in
     its place.  The host sees two tensor views: ``<name>`` (the data, or the plain tensor)
@@ -215,6 +232,14 @@ class Quantized:
 
 
 @dataclass(frozen=True)
+class Tensors:
+    """A list of tensors for a :class:`TensorList` parameter, each drawn as its spec says."""
+
+    items: Sequence
+    kind: str = "tensors"
+
+
+@dataclass(frozen=True)
 class TorchDtype:
     """A ``torch.dtype`` argument of a sample (for a :class:`Dtype` parameter), by name."""
 
@@ -306,6 +331,10 @@ class Op:
     launch shape); the tests accept ``|got - want| <= rtol * |want| + atol * max|want|``
     (``max`` over the whole output) with NaN and infinities at the same places.  Every other
     output is compared bit for bit.  Say why in docs/ops.md.
+    ``launches``: the host side may launch the kernel several times per call (the layers of a
+    long tensor list in chained launches): its ``launches(plan)`` gives the count and its
+    ``kernel_args`` takes the launch index as a last argument; the launches run in order on the
+    call's stream.
     """
 
     module: str
@@ -322,6 +351,7 @@ class Op:
     dims: Sequence = ()
     wrapper: Optional[str] = None
     tolerance: dict = field(default_factory=dict)
+    launches: bool = False
 
 
 @dataclass(frozen=True)

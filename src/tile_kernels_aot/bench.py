@@ -264,8 +264,8 @@ def bench_op(record, sample, copy_tbs):
         return {k: v for k, v in samples.outputs_by_name(record, result).items() if v is not None}
 
     first = produced(fn(*args, **kwargs))
-    flat = [t for v in list(args) + list(kwargs.values()) for t in (v if isinstance(v, tuple) else (v,))]
-    per_call = sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))  # (data, sf) pairs included
+    flat = [t for v in list(args) + list(kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))]
+    per_call = sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))  # (data, sf) pairs, tensor lists included
     per_call += sum(t.untyped_storage().nbytes() for t in first.values())
     sets = max(2, min(64, math.ceil(3 * L2_BYTES / max(per_call, 1))))
     inputs = [samples.make_args(sample, n, gen) for _ in range(sets)]
@@ -337,6 +337,8 @@ def upstream_args(op: str, args, kwargs, tokens: int):
         return args, kwargs
 
     def seq(v):
+        if isinstance(v, list):  # a tensor list
+            return [seq(t) for t in v]
         return v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == tokens else v
 
     return [seq(v) for v in args], {k: seq(v) for k, v in kwargs.items()}

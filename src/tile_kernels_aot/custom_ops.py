@@ -133,6 +133,8 @@ def torch_params(record: dict) -> list:
         if kind == "tensor":
             text = "Tensor" + (f"({next(alias)}!)" if t["mutable"] else "") + ("?" if t["optional"] else "")
             result.append((p["name"], text, default))
+        elif kind == "tensor_list":
+            result.append((p["name"], "Tensor" + (f"({next(alias)}!)" if t["mutable"] else "") + "[]", default))
         elif kind == "quantized":
             result += [(p["name"], "Tensor", None), (p["name"] + "_sf", "Tensor?", None)]
         elif kind in ("int", "float"):

@@ -5,8 +5,8 @@ and keyword arguments where tensors are described by kind (``randn``, ``randint`
 shape (``"T"`` standing for the token count, ``"T/<n>"`` for ``ceil(T / n)``, ``"P"`` for the rows
 of the sample's fused MoE layout), dtype and layout (``"row"``, or ``"tma_col"``: TMA-aligned
 column-major), ``randint`` bits optionally viewed as another dtype, ``exp2`` powers of two, or as one
-tensor of the sample's routing (``routed``); a pre-quantized ``(data, sf)`` pair as a list of two
-tensor specs or as ``quantized`` (the reference ``per_block_cast`` of a normal tensor), and sizes
+tensor of the sample's routing (``routed``); a list of tensors (``tensors``); a pre-quantized
+``(data, sf)`` pair as a list of two tensor specs or as ``quantized`` (the reference ``per_block_cast`` of a normal tensor), and sizes
 that follow the token count as expressions over ``T`` and ``P`` (``extent``).
 """
 
@@ -148,6 +148,8 @@ def make_args(sample: dict, tokens: int = None, gen=None, device="cuda", empty: 
             return int(eval(v["expr"], {"__builtins__": {}}, {"T": tokens, "P": routed.get("rows")}))
         if isinstance(v, dict) and v.get("kind") == "torch_dtype":
             return getattr(torch, v["name"])
+        if isinstance(v, dict) and v.get("kind") == "tensors":
+            return [value(e) for e in v["items"]]  # a tensor list
         if isinstance(v, (list, tuple)) and v and all(_is_tensor_spec(e) for e in v):
             return tuple(value(e) for e in v)  # a (data, sf) pair
         if isinstance(v, list) and all(isinstance(e, int) for e in v):
@@ -172,8 +174,9 @@ def outputs_by_name(record: dict, result) -> dict:
 
 
 def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
-    """The bytes one launch must move: the schema's formula over the call's tensors by name,
-    or every tensor argument read once and every output written once."""
+    """The bytes one launch must move: the schema's formula over the call's tensors by name (a
+    tensor list as a list), or every tensor argument (each tensor of a list) read once and every
+    output written once."""
     names = [p["name"] for p in record["params"]]
     # every tensor parameter by name (None when not given); a (data, sf) pair as <name>, <name>_sf
     scope = {}
@@ -187,10 +190,13 @@ def bytes_moved(record: dict, args: list, kwargs: dict, outs: dict) -> int:
             scope[name], scope[name + "_sf"] = v
         elif isinstance(v, torch.Tensor):
             scope[name] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in v):
+            scope[name] = list(v)  # a tensor list
     scope.update(outs)
     if record["bytes"]:
         return int(eval(record["bytes"], {"__builtins__": {}}, scope))
-    return sum(t.nbytes for t in scope.values() if isinstance(t, torch.Tensor))
+    tensors = [t for v in scope.values() for t in (v if isinstance(v, list) else [v])]
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def token_counts(record: dict, *wanted: int) -> list:

@@ -100,3 +100,43 @@ def test_dtype_parameters_take_torch_dtypes_only(record, sample, param):
     other = next(d for d in (torch.float64, torch.int32, torch.complex64) if str(d)[6:] not in param["type"]["choices"])
     with pytest.raises(ValueError, match=f"^{op}: {name} must be one of {choices}, got {re.escape(str(other))}"):
         _call(record, sample, setting(other))
+
+
+def test_tensor_list_arguments_are_checked_before_any_launch():
+    """mhc_multilayer_recompute's lists: type, length, matching counts, each tensor's dtype,
+    rank and shape, refused with the list's name."""
+    record = next((r for r in manifest.ops() if r["name"] == "mhc_multilayer_recompute"), None)
+    if record is None:
+        pytest.skip("this build lacks mhc_multilayer_recompute")
+    from tile_kernels_aot import mhc
+
+    n, m, h = 4, 4, 64
+    r0 = torch.empty(n, m, h, dtype=torch.bfloat16)
+    mix = lambda: torch.empty(n, m, 1)  # noqa: E731
+    row = lambda: torch.empty(n, h, dtype=torch.bfloat16)  # noqa: E731
+    comb = lambda: torch.empty(n, m, m)  # noqa: E731
+    res = lambda: torch.empty(n, m, h, dtype=torch.bfloat16)  # noqa: E731
+
+    def call(pre, outs, posts, combs, li, rs):
+        return mhc.mhc_multilayer_recompute(r0, pre, outs, posts, combs, li, rs)
+
+    cases = [
+        ((mix(), [], [], [], [row()], []), TypeError, "pre_mix_list must be a list or tuple"),
+        (([mix()] * 65, [], [], [], [row()] * 65, []), ValueError, "pre_mix_list has 65 tensors; at most 64"),
+        (([], [], [], [], [], []), ValueError, "pre_mix_list must not be empty"),
+        (([mix()] * 2, [], [], [], [row()], []), ValueError, "layer_input_list must have as many tensors"),
+        (([mix()], [row()] * 2, [mix()] * 2, [comb()] * 2, [row()], [res()] * 2), ValueError,
+         "layer_output_list must have num_layers"),
+        (([mix()], [row()], [mix()], [], [row()], [res()]), ValueError, "comb_mix_list must have as many"),
+        (([mix().double()], [], [], [], [row()], []), TypeError, "pre_mix_list must have dtype torch.float32"),
+        (([mix()], [], [], [], [torch.empty(n, h + 8, dtype=torch.bfloat16)], []), ValueError,
+         r"layer_input_list \[0\] must have shape"),
+        (([mix()], [row()], [mix()], [torch.empty(n, m, m + 1)], [row()], [res()]), ValueError,
+         r"comb_mix_list \[0\] must have shape"),
+        (([mix()], [row()], [mix()], [comb()], [row()], ["x"]), TypeError, "residual_list must be a torch.Tensor"),
+    ]
+    for lists, error, message in cases:
+        with pytest.raises(error, match=message):
+            call(*lists)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # every list check passed
+        call([torch.empty(n, m)] * 2, [row()], [mix()], [comb()], [row()] * 2, [res()])

@@ -44,6 +44,8 @@ def _meta(value):
         return value.to("meta")
     if isinstance(value, tuple):
         return tuple(_meta(v) for v in value)
+    if isinstance(value, list):  # a tensor list
+        return [_meta(v) for v in value]
     return value
 
 
@@ -75,7 +77,8 @@ def test_every_op_is_a_custom_op_with_its_declared_schema(record):
         assert [a.name for a in out_form.arguments if a.kwarg_only] == [o["name"] for o in record["outs"]]
         assert len(out_form.returns) == 0
     # tensors the op updates in place are annotated as written, in both forms
-    mutable = {p["name"] for p in record["params"] if p["type"]["kind"] == "tensor" and p["type"]["mutable"]}
+    mutable = {p["name"] for p in record["params"]
+               if p["type"]["kind"] in ("tensor", "tensor_list") and p["type"]["mutable"]}
     for schema in forms:
         written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
         outs = {o["name"] for o in record["outs"]} if schema is not functional else set()
@@ -109,15 +112,17 @@ def test_tracing_keeps_the_token_dim_symbolic(record, sample):
     if sample["host_sync"]:
         pytest.skip("the call waits for the device: its output sizes depend on the data")
     args, kwargs = _cpu_call(record, sample)
-    # tensor arguments, a (data, sf) pair's two tensors each traced too: (position, index in the pair)
+    # tensor arguments, a (data, sf) pair's two tensors and a tensor list's tensors each traced
+    # too: (position, index in the pair or list)
     positions = [(i, j) for i, a in enumerate(args)
-                 for j in ([None] if isinstance(a, torch.Tensor) else range(len(a)) if isinstance(a, tuple) else [])]
+                 for j in ([None] if isinstance(a, torch.Tensor) else range(len(a)) if isinstance(a, (tuple, list))
+                           else [])]
     keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def call(*tensors):
         full, named = list(args), dict(kwargs)
         for (i, j), t in zip(positions, tensors):
-            full[i] = t if j is None else tuple(t if k == j else v for k, v in enumerate(full[i]))
+            full[i] = t if j is None else type(full[i])(t if k == j else v for k, v in enumerate(full[i]))
         named.update(zip(keys, tensors[len(positions):]))
         return samples.function(record)(*full, **named)
 

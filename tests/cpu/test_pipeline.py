@@ -250,3 +250,33 @@ def test_dtype_and_leading_dim_parameters_in_the_stub_and_the_torch_schema():
     with pytest.raises(ValueError, match="default 'float16' is not among its choices"):
         bad = Op(**{**op.__dict__, "params": [op.params[0], Param("out_dtype", Dtype(["float32"]), "float16")]})
         stubgen.generate_kernel_unit("quant.f", Schema(static=(), ops=[bad]), {"configs": []}, "quant/f", "schema.py")
+
+
+def test_tensor_list_parameters_and_chained_launches_in_the_stub_and_the_torch_schema():
+    """A TensorList parameter: parsed by tensor_list_arg into a TensorListArg of its maximum
+    length, each tensor checked like a Tensor and for the call's device; a mutable one is
+    ``Tensor(a!)[]`` in torch.library.  An op with ``launches`` loops over the host side's
+    launch count, passing the launch index to kernel_args."""
+    from aot import stubgen
+    from kernels_tl.schema import Op, Param, Schema, Tensor, TensorList, to_json
+    from tile_kernels_aot import custom_ops
+
+    op = Op(module="mhc", name="f", params=[Param("x", Tensor(["bfloat16"], 2)),
+                                            Param("xs", TensorList(["float32"], 1, 8, leading=True)),
+                                            Param("ys", TensorList(["bfloat16"], 2, 8, mutable=True))],
+            outs=[], returns=[], reference="", samples=[], doc="doc", launches=True)
+    schema = Schema(static=(), ops=[op])
+    unit = stubgen.generate_kernel_unit("mhc.f", schema, {"configs": []}, "mhc/f", "schema.py")
+    assert 'tensor_list_arg(op, "xs", v[1], 8, a.xs.items, &a.xs.size)' in unit
+    assert 'check_min_ndim(op, "xs", a.xs.items[k], 1)' in unit and 'check_ndim(op, "ys", a.ys.items[k], 2)' in unit
+    assert 'check_dtype(op, "ys", a.ys.items[k], {BF16})' in unit
+    assert 'check_same_device(op, "ys", a.ys.items[k], device)' in unit
+    assert "const int64_t launches = F::launches(p);" in unit and ", ka, j)) return nullptr;" in unit
+    assert "TensorListArg<8> xs;" in stubgen.generate_args_header("mhc.f", schema, {"configs": []}, "schema.py")
+    record = {"module": "mhc", "name": "f", "params": to_json(op.params), "outs": [], "returns": []}
+    params = custom_ops.torch_params(record)
+    assert params == [("x", "Tensor", None), ("xs", "Tensor[]", None), ("ys", "Tensor(a!)[]", None)]
+    assert custom_ops.schemas(record, params) == ("f(Tensor x, Tensor[] xs, Tensor(a!)[] ys) -> ()", None)
+    single = stubgen.generate_kernel_unit("mhc.f", Schema(static=(), ops=[Op(**{**op.__dict__, "launches": False})]),
+                                          {"configs": []}, "mhc/f", "schema.py")
+    assert "F::launches" not in single and ", ka)) return nullptr;" in single

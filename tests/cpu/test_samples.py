@@ -176,3 +176,19 @@ def test_powers_of_two_in_the_tma_aligned_layout():
     assert sf.shape == (6, 3) and sf.stride() == (1, 8)
     exponents = torch.log2(sf)
     assert torch.equal(exponents, exponents.round()) and exponents.min() >= -2 and exponents.max() <= 2
+
+
+def test_tensor_lists_are_drawn_as_lists_and_counted_in_the_bytes():
+    """A Tensors spec is drawn as a list of tensors (each as its spec says); the default bytes
+    count every tensor of a list once, and a formula sees the list by name."""
+    from kernels_tl.schema import Rand, Tensors
+
+    sample = to_json(Sample("list", 10, [Randn(["T", 8], "bfloat16"),
+                                         Tensors([Rand(["T", 4], "float32"), Rand(["T", 4], "float32")])]))
+    args, _ = samples.make_args(sample, 10, torch.Generator().manual_seed(0), "cpu")
+    assert isinstance(args[1], list) and len(args[1]) == 2 and args[1][0].shape == (10, 4)
+    assert not torch.equal(args[1][0], args[1][1])
+    record = {"params": [{"name": "x", "type": {"kind": "tensor"}}, {"name": "xs", "type": {"kind": "tensor_list"}}],
+              "bytes": None}
+    assert samples.bytes_moved(record, args, {}, {}) == 160 + 2 * 160
+    assert samples.bytes_moved({**record, "bytes": "xs[1].nbytes"}, args, {}, {}) == 160

@@ -25,7 +25,17 @@ def op_samples():
 
 
 def mutable_names(record) -> list:
-    return [p["name"] for p in record["params"] if p["type"]["kind"] == "tensor" and p["type"].get("mutable")]
+    return [p["name"] for p in record["params"]
+            if p["type"]["kind"] in ("tensor", "tensor_list") and p["type"].get("mutable")]
+
+
+def _clone(v):
+    """A tensor's clone, a tensor list's clones (a new list), anything else as it is."""
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
+        return [t.clone() for t in v]
+    return v
 
 
 def in_place(record) -> bool:
@@ -38,9 +48,8 @@ def _on_clones(record, fn):
     mutable = set(mutable_names(record))
 
     def call(*args, **kwargs):
-        args = [a.clone() if i < len(names) and names[i] in mutable and isinstance(a, torch.Tensor) else a
-                for i, a in enumerate(args)]
-        kwargs = {k: v.clone() if k in mutable and isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        args = [_clone(a) if i < len(names) and names[i] in mutable else a for i, a in enumerate(args)]
+        kwargs = {k: _clone(v) if k in mutable else v for k, v in kwargs.items()}
         fn(*args, **kwargs)
         updated = [a for i, a in enumerate(args) if i < len(names) and names[i] in mutable]
         updated += [v for k, v in kwargs.items() if k in mutable]
@@ -74,4 +83,7 @@ def outputs_by_name(record, result) -> dict:
     if not in_place(record):
         return {k: v for k, v in samples.outputs_by_name(record, result).items() if v is not None}
     returned = result if isinstance(result, tuple) else (result,)
-    return dict(zip(mutable_names(record), returned))
+    updated = {}
+    for name, v in zip(mutable_names(record), returned):  # a tensor list's tensors as name[k]
+        updated.update({f"{name}[{k}]": t for k, t in enumerate(v)} if isinstance(v, list) else {name: v})
+    return updated

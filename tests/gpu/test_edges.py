@@ -56,17 +56,17 @@ def _assert_matches_reference(record, args, kwargs, result, what):
 # ---- huge: past 2^31 elements and 2^31 bytes ---------------------------------------------
 
 def _rows(value, start, stop, n):
-    if isinstance(value, tuple):  # a quantized (data, sf) pair
-        return tuple(_rows(v, start, stop, n) for v in value)
+    if isinstance(value, (tuple, list)):  # a quantized (data, sf) pair, a tensor list
+        return type(value)(_rows(v, start, stop, n) for v in value)
     if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
         return value[start:stop]
     return value
 
 
 def _tensors(values):
-    """The tensors among ``values``, those of (data, sf) pairs included."""
+    """The tensors among ``values``, those of (data, sf) pairs and tensor lists included."""
     for v in values:
-        if isinstance(v, tuple):
+        if isinstance(v, (tuple, list)):
             yield from _tensors(v)
         elif isinstance(v, torch.Tensor):
             yield v

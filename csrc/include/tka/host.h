@@ -11,6 +11,10 @@
 //   bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& k, const Outs& o,
 //                    KernelArgs& ka);                               // the kernel's parameters
 //
+// An op whose schema sets `launches` launches its kernel several times per call, in order:
+//   int64_t launches(const Plan& p);                               // how many (>= 1)
+//   bool kernel_args(..., KernelArgs& ka, int64_t launch);         // launch `launch`'s parameters
+//
 // `Plan` is the host's own struct (its dims). Every function that can fail sets a Python
 // exception through the macros below and returns false; nothing has been launched then.
 #pragma once

@@ -44,6 +44,13 @@ struct TensorArg {
   int64_t numel() const;
 };
 
+// A list of tensor arguments (a TensorList parameter): items[0 .. size).
+template <int N>
+struct TensorListArg {
+  int64_t size = 0;
+  TensorArg items[N];
+};
+
 // Integer helpers for spec expressions (safe on zero divisors: they yield 0 and
 // the spec's checks reject the argument).
 inline int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
@@ -79,6 +86,9 @@ bool set_torch_path(PyObject* fn, PyObject* base, PyObject* plain);
 // After a stub body failed: the torch path's result when a subclass marked the call (the
 // mark is cleared), else nullptr with the body's error left in place.
 PyObject* torch_path_or_error(const char* qualname, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
+// A list or tuple of at most `max_len` tensors into items[0 .. *size) (views of its
+// elements, which the caller's sequence keeps alive).
+bool tensor_list_arg(const char* op, const char* name, PyObject* obj, int max_len, TensorArg* items, int64_t* size);
 bool int_arg(const char* op, const char* name, PyObject* obj, bool optional, int64_t* out, bool* is_none);
 bool float_arg(const char* op, const char* name, PyObject* obj, bool optional, double* out, bool* is_none);
 bool bool_arg(const char* op, const char* name, PyObject* obj, bool* out);

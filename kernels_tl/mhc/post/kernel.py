@@ -26,6 +26,7 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.mhc import streams
+from kernels_tl.mhc.stream_math import post_piece
 from kernels_tl.mhc.streams import MIN_BLOCKS_PER_SM, PIECE, THREADS
 
 PASS_CONFIGS = streams.PASS_CONFIGS
@@ -70,11 +71,7 @@ def post_kernel(mhc_mult: int):
                     for n in T.unroll(M):
                         cw[m, n] = comb_mix[token, m, n]
                 for n in T.unroll(M):
-                    for u in T.unroll(PIECE):
-                        mixed[u] = T.float32(0)
-                        for m in T.unroll(M):
-                            mixed[u] = T.fma(cw[m, n], T.cast(rs[m, u], T.float32), mixed[u])
-                        os[u] = T.cast(T.ieee_add(T.ieee_mul(T.cast(xs[u], T.float32), pw[n]), mixed[u]), T.bfloat16)
+                    post_piece(xs, rs, pw, cw, mixed, os, n)
                     for u in T.vectorized(PIECE):
                         out[token, n, lane, u] = os[u]
 

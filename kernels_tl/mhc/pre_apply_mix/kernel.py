@@ -20,7 +20,8 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.mhc import streams
-from kernels_tl.mhc.streams import MIN_BLOCKS_PER_SM, PIECE, THREADS, torch_stream_sum
+from kernels_tl.mhc.stream_math import apply_mix_value
+from kernels_tl.mhc.streams import MIN_BLOCKS_PER_SM, PIECE, THREADS
 
 PASS_CONFIGS = streams.PASS_CONFIGS
 
@@ -55,8 +56,7 @@ def pre_apply_mix_kernel(mhc_mult: int):
                 for m in T.unroll(M):
                     w[m] = mix[token, m]
                 for u in T.unroll(PIECE):
-                    acc[u] = torch_stream_sum([T.ieee_mul(T.cast(xs[m, u], T.float32), w[m]) for m in range(M)],
-                                              M, T.float32(0))
+                    acc[u] = apply_mix_value(xs, w, u, M)
                 for u in T.vectorized(PIECE):
                     out[token, lane, u] = T.cast(acc[u], T.bfloat16)
 

@@ -9,9 +9,10 @@ every name also exported here:
 * pipeline: ``expand_from_embedding``, ``mhc_pre``, ``mhc_head``.
 
 Every forward and backward runs the prebuilt kernel of ``tile_kernels_aot.mhc`` where this
-build has it and the PyTorch reference of :mod:`tile_kernels_aot.torch.mhc` otherwise; a
-reference that composes others (``mhc_pre_big_fuse``, ``mhc_multilayer_recompute``) runs its
-steps on their kernels (``tile_kernels_aot.modeling.mhc.ops._impl.sources()`` lists which);
+build has it and the PyTorch reference of :mod:`tile_kernels_aot.torch.mhc` otherwise
+(``mhc_multilayer_recompute``: one fused kernel over the layers); a reference that composes
+others (``mhc_pre_big_fuse``) runs its steps on their kernels
+(``tile_kernels_aot.modeling.mhc.ops._impl.sources()`` lists which);
 the backward formulas are the ``*_bwd`` references, checked with ``torch.autograd.gradcheck``.
 
 Two deliberate differences from upstream:

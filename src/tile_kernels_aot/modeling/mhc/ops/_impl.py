@@ -84,11 +84,47 @@ def _attach_residual_grad(bound: dict, result) -> None:
 _AFTER = {"mhc_post_bwd": _attach_residual_grad}
 
 
+def _takes(t, spec: dict) -> bool:
+    """Whether the kernel takes tensor ``t`` for a parameter of ``spec`` as it is: on the GPU,
+    in its dtypes, contiguous."""
+    return (isinstance(t, torch.Tensor) and t.is_cuda and t.is_contiguous()
+            and str(t.dtype).rsplit(".", 1)[-1] in spec["dtypes"])
+
+
+def _list_call(record: dict, kernel, reference):
+    """An op with tensor lists (``mhc_multilayer_recompute``): its kernel takes the caller's
+    leading dims itself, so the call goes to it as it is, or to ``reference`` for tensors it
+    does not take (off the GPU, other dtypes, not contiguous) or a configuration this build
+    lacks."""
+    names = [p["name"] for p in record["params"]]
+    specs = {p["name"]: p["type"] for p in record["params"] if p["type"]["kind"] in ("tensor", "tensor_list")}
+
+    def call(*args, **kwargs):
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        for pname, spec in specs.items():
+            v = bound.get(pname)
+            items = v if spec["kind"] == "tensor_list" and isinstance(v, (list, tuple)) else [v]
+            if not all(_takes(t, spec) for t in items):
+                return reference(*args, **kwargs)
+        try:
+            return kernel(*args, **kwargs)
+        except ValueError as e:
+            if "no prebuilt kernel" in str(e):
+                return reference(*args, **kwargs)
+            raise
+
+    functools.update_wrapper(call, reference)
+    return call
+
+
 def _kernel_call(name: str, kernel, reference):
     """``kernel`` with the caller's leading dims, or ``reference`` for a call it does not take."""
     from tile_kernels_aot import manifest
 
     record = manifest.op(f"mhc.{name}")
+    if any(p["type"]["kind"] == "tensor_list" for p in record["params"]):
+        return _list_call(record, kernel, reference)
     names = [p["name"] for p in record["params"]] + [o["name"] for o in record["outs"] if o.get("positional")]
     tensors = {p["name"]: p["type"] for p in record["params"] if p["type"]["kind"] == "tensor"}
     per_token = _token_params(record)
@@ -153,7 +189,8 @@ def _kernel_call(name: str, kernel, reference):
 def _kernel_steps(reference) -> list:
     """The built kernels' names among the reference functions ``reference`` calls: a reference
     that composes others (``mhc_pre_big_fuse``: norm-fn, split, Sinkhorn, apply;
-    ``mhc_multilayer_recompute``: apply and post per layer) can run them as kernels."""
+    ``mhc_multilayer_recompute`` in a build without its fused kernel: apply and post per
+    layer) can run them as kernels."""
     kernels = _kernels()
     if kernels is None:
         return []

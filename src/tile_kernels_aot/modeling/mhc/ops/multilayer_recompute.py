@@ -1,4 +1,6 @@
-"""``mhc_multilayer_recompute``: several layers' sublayer inputs and streams recomputed from the saved mixes (no autograd)."""
+"""``mhc_multilayer_recompute``: several layers' sublayer inputs and streams recomputed from the saved mixes (no autograd):
+the fused kernel of ``tile_kernels_aot.mhc`` (the streams kept on chip across layers) for CUDA tensors, the reference
+otherwise."""
 
 from __future__ import annotations
 
