@@ -845,7 +845,7 @@ int device_arch(const char* op, int device) {
 }
 
 namespace {
-constexpr int kMaxParams = 64;
+constexpr int kMaxParams = 128;  // 8-byte slots: 1 KB of the 4 KB CUDA allows; mhc_multilayer_recompute has 101
 struct LastLaunch {
   KernelEntry* entry = nullptr;
   Geometry g{};
