@@ -18,9 +18,10 @@ input) + per post ``2H + 4M + 4M^2 + 2MH`` (layer output, mixes, new streams), r
 once; the single-layer composition also reads the streams back every layer.  One thread per
 16-byte piece of a row (flat index over ``num_tokens * pieces``, as in ``post``): it loads its
 ``M`` stream pieces once, then for each layer writes its layer-input piece and its ``M`` new
-stream pieces, keeping the streams in registers.  The next layer's layer-output piece and the
-token's mixes are loaded one layer ahead (two register slots), so each layer's loads overlap
-the previous layer's arithmetic and stores.
+stream pieces, keeping the streams in registers (updated in place, column by column).  The
+layer-output pieces are loaded two layers ahead (three register slots) and the token's mixes
+prefetched into L1 with them, read when the layer is computed, so each layer's loads overlap
+two layers of arithmetic and stores; 80 registers, 3 blocks of 256 threads per SM.
 
 The lists are passed by value: ``MAX_LAYERS`` pointer parameters per list (one kernel parameter
 each, unused ones null) and the run-time counts ``num_layers`` (1 ..  MAX_LAYERS) and
