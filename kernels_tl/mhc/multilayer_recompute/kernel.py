@@ -18,9 +18,10 @@ input) + per post ``2H + 4M + 4M^2 + 2MH`` (layer output, mixes, new streams), r
 once; the single-layer composition also reads the streams back every layer.  One thread per
 16-byte piece of a row (flat index over ``num_tokens * pieces``, as in ``post``): it loads its
 ``M`` stream pieces once, then for each layer writes its layer-input piece and its ``M`` new
-stream pieces, keeping the streams in registers.  The next layer's layer-output piece and the
-token's mixes are loaded one layer ahead (two register slots), so each layer's loads overlap
-the previous layer's arithmetic and stores.
+stream pieces, keeping the streams in registers (updated in place, column by column).  The
+layer-output pieces are loaded two layers ahead (three register slots) and the token's mixes
+prefetched into L1 with them, read when the layer is computed, so each layer's loads overlap
+two layers of arithmetic and stores; 80 registers, 3 blocks of 256 threads per SM.
 
 The lists are passed by value: ``MAX_LAYERS`` pointer parameters per list (one kernel parameter
 each, unused ones null) and the run-time counts ``num_layers`` (1 ..  MAX_LAYERS) and
@@ -34,13 +35,63 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.mhc import streams
-from kernels_tl.mhc.stream_math import apply_mix_value, post_piece
 from kernels_tl.mhc.streams import PIECE, THREADS
 
 PASS_CONFIGS = streams.PASS_CONFIGS
 
 MAX_LAYERS = 16  # layers per launch: the pointer parameters of each list below (host.h: kLayersPerLaunch)
-MIN_BLOCKS_PER_SM = 2  # <= 128 registers: the streams, two slots of next-layer inputs
+LO_AHEAD = 2  # layers a layer-output piece is loaded ahead of its use (LO_AHEAD + 1 register slots)
+MIN_BLOCKS_PER_SM = 3  # <= 80 registers: the streams, the layer-output slots, one layer's mixes
+
+# an L1 prefetch of the line holding `p` (a hint: no register); a 16-byte store from a thread's
+# registers that stays one 16-byte store (nvcc splits some into four 4-byte stores when the four
+# words are not in an aligned register quad: one move each is cheaper)
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ void tka_prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
+__device__ __forceinline__ void tka_store_16(void* dst, const void* src) {
+  const uint4 v = *static_cast<const uint4*>(src);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+"""
+
+
+def prefetch_l1(elem):
+    """An L1 prefetch of the line holding ``elem`` (a global BufferLoad), for ``T.evaluate``."""
+    return T.call_extern("void", "tka_prefetch_l1", T.address_of(elem))
+
+
+def store_16(dst, src):
+    """One 16-byte store (for ``T.evaluate``): ``dst`` a global element, ``src`` a local one
+    (BufferLoads; 16-byte aligned addresses)."""
+    return T.call_extern("void", "tka_store_16", T.address_of(dst), T.address_of(src))
+
+
+def apply_mix_value_folded(xs, w, u, mhc_mult: int):
+    """``stream_math.apply_mix_value(xs, w, u, mhc_mult)`` bit for bit, with one add of zero
+    instead of one per accumulator: that function's accumulators start from ``+0``, so each is
+    its terms' sum up to the sign of a zero result and never ``-0`` (an IEEE round-to-nearest
+    sum is ``-0`` only when both operands are); equal-up-to-zero-sign operands give
+    equal-up-to-zero-sign sums, so its total is this function's unsigned-zero total, never
+    ``-0``, and ``total + 0`` (``-0 + 0 = +0``, any other value unchanged) is exactly it.  NaNs
+    propagate through both (the GPU's adds return the canonical NaN either way)."""
+    acc = [None] * 4
+    for m in range(mhc_mult):
+        term = T.ieee_mul(T.cast(xs[m, u], T.float32), w[m])
+        acc[m % 4] = term if acc[m % 4] is None else T.ieee_add(acc[m % 4], term)
+    total = acc[0]
+    for k in range(1, min(4, mhc_mult)):
+        total = T.ieee_add(total, acc[k])
+    return T.ieee_add(total, T.float32(0))
+
+
+def post_value(xs, rs, pw, cw, n, u, mhc_mult: int):
+    """Value ``u`` of new stream ``n``: ``stream_math.post_piece``'s arithmetic for one value,
+    ``mixed = sum_m cw[m, n] * rs[m, u]`` as an FMA chain over ``m = 0, 1, ...`` from zero, then
+    ``(xs[u] * pw[n]) + mixed`` (two IEEE roundings) rounded to bf16."""
+    mixed = T.float32(0)
+    for m in range(mhc_mult):
+        mixed = T.fma(cw[m, n], T.cast(rs[m, u], T.float32), mixed)
+    return T.cast(T.ieee_add(T.ieee_mul(T.cast(xs[u], T.float32), pw[n]), mixed), T.bfloat16)
 
 
 def host_constants(mhc_mult: int) -> dict:
@@ -137,16 +188,18 @@ def multilayer_recompute_kernel(mhc_mult: int):
                 residual_8, residual_9, residual_10, residual_11,
                 residual_12, residual_13, residual_14, residual_15,
             ]
+            T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
-            rs = T.alloc_local((M, PIECE), T.bfloat16)  # the streams' pieces, layer to layer
-            fresh = [T.alloc_local((PIECE,), T.bfloat16) for _ in range(M)]  # the new streams' pieces
+            rs = T.alloc_local((M, PIECE), T.bfloat16)  # the streams' pieces, updated in place per layer
+            col = T.alloc_local((M,), T.bfloat16)  # value u of every new stream
             acc = T.alloc_local((PIECE,), T.float32)
-            mixed = T.alloc_local((PIECE,), T.float32)
-            # a layer's inputs in two register slots (layer i in slot i % 2), loaded one layer ahead
-            xs = [T.alloc_local((PIECE,), T.bfloat16) for _ in range(2)]
-            w = [T.alloc_local((M,), T.float32) for _ in range(2)]
-            pw = [T.alloc_local((M,), T.float32) for _ in range(2)]
-            cw = [T.alloc_local((M, M), T.float32) for _ in range(2)]
+            # the layer-output pieces in LO_AHEAD + 1 register slots (layer i in slot i % (LO_AHEAD + 1)),
+            # loaded LO_AHEAD layers ahead; the token's mixes are read when the layer is computed, from
+            # L1, where a prefetch issued with the layer-output load has brought them
+            xs = [T.alloc_local((PIECE,), T.bfloat16) for _ in range(LO_AHEAD + 1)]
+            w = T.alloc_local((M,), T.float32)
+            pw = T.alloc_local((M,), T.float32)
+            cw = T.alloc_local((M, M), T.float32)
             token = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
             token = (bid * THREADS + tid) // pieces
@@ -155,36 +208,40 @@ def multilayer_recompute_kernel(mhc_mult: int):
                 for m in T.unroll(M):
                     for u in T.vectorized(PIECE):
                         rs[m, u] = initial_residual[token, m, lane, u]
-                # step j loads layer j's inputs, then computes layer j - 1 (Python lists and
-                # ints: unrolled at trace time, each layer guarded by the run-time counts)
-                for j in list(range(MAX_LAYERS + 1)):
+                # step j loads layer j's layer-output piece and prefetches its mixes, then computes
+                # layer j - LO_AHEAD (Python lists and ints: unrolled at trace time, each layer
+                # guarded by the run-time counts)
+                for j in list(range(MAX_LAYERS + LO_AHEAD)):
                     if j < MAX_LAYERS:
-                        s = j % 2
                         if j < num_layers:
-                            for m in T.unroll(M):
-                                w[s][m] = pre[j][token, m]
+                            T.evaluate(prefetch_l1(pre[j][token, 0]))
                         if j < num_post:
                             for u in T.vectorized(PIECE):
-                                xs[s][u] = lo[j][token, lane, u]
-                            for m in T.unroll(M):
-                                pw[s][m] = post[j][token, m]
-                                for n in T.unroll(M):
-                                    cw[s][m, n] = comb[j][token, m, n]
-                    if j > 0:
-                        i = j - 1
-                        s = i % 2
+                                xs[j % (LO_AHEAD + 1)][u] = lo[j][token, lane, u]
+                            T.evaluate(prefetch_l1(post[j][token, 0]))
+                            T.evaluate(prefetch_l1(comb[j][token, 0, 0]))
+                    if j >= LO_AHEAD:
+                        i = j - LO_AHEAD
                         if i < num_layers:
+                            for m in T.unroll(M):
+                                w[m] = pre[i][token, m]
                             for u in T.unroll(PIECE):
-                                acc[u] = apply_mix_value(rs, w[s], u, M)
+                                acc[u] = apply_mix_value_folded(rs, w, u, M)
                             for u in T.vectorized(PIECE):
                                 li[i][token, lane, u] = T.cast(acc[u], T.bfloat16)
                         if i < num_post:
-                            for n in list(range(M)):
-                                post_piece(xs[s], rs, pw[s], cw[s], mixed, fresh[n], n)
-                                for u in T.vectorized(PIECE):
-                                    res[i][token, n, lane, u] = fresh[n][u]
-                            for m in list(range(M)):
-                                for u in T.unroll(PIECE):
-                                    rs[m, u] = fresh[m][u]
+                            for m in T.unroll(M):
+                                pw[m] = post[i][token, m]
+                                for n in T.unroll(M):
+                                    cw[m, n] = comb[i][token, m, n]
+                            # value u of the new streams needs only value u of the old ones: each
+                            # column replaces the old one in place (no second set of registers)
+                            for u in T.unroll(PIECE):
+                                for n in T.unroll(M):
+                                    col[n] = post_value(xs[i % (LO_AHEAD + 1)], rs, pw, cw, n, u, M)
+                                for n in T.unroll(M):
+                                    rs[n, u] = col[n]
+                            for n in T.unroll(M):
+                                T.evaluate(store_16(res[i][token, n, lane, 0], rs[n, 0]))
 
     return multilayer_recompute
