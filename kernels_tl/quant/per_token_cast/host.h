@@ -28,7 +28,7 @@ bool plan_quantized(const char* op, const A& a, Variant variant, Plan& p) {
   TKA_CHECK(!a.x_block_size_is_none, "x_block_size", "is required when x is a (data, sf) pair");
   TKA_CHECK(a.fmt != "e5m6", "fmt", "'e5m6' takes a plain bfloat16/float32 x");
   const int64_t bm = a.x_block_size[0], bk = a.x_block_size[1];
-  TKA_CHECK(bm > 0 && bk > 0 && bk % 16 == 0, "x_block_size",
+  TKA_CHECK(bm > 0 && bk > 0 && bk % 16 == 0 && bm < 2147483647 && bk < 2147483647, "x_block_size",
             "must be positive with x_block_size[1] a multiple of 16, got (%lld, %lld)", static_cast<long long>(bm),
             static_cast<long long>(bk));
   const int64_t npc = a.num_per_channels;
@@ -154,7 +154,17 @@ void quantized_args(const A& a, const Plan& p, K& k) {
   if constexpr (HasQuantizedInput<K>::value) {
     k.x_sf = a.x_sf.present ? a.x_sf.data : nullptr;
     k.group_pieces = p.npc / 16;
-    k.block_rows = a.x_sf.present ? a.x_block_size[0] : 1;
+    int64_t shift = 0;
+    while ((int64_t{1} << shift) < p.npc / 16) ++shift;
+    k.group_shift = static_cast<int32_t>(shift);  // npc / 16 is 1, 2, 4 or 8
+    // rows / x_block_size[0] as (umulhi(row, mul) + row) >> shift (kernel.py: fast_div_params)
+    const int64_t bm = a.x_sf.present ? a.x_block_size[0] : 1;
+    int64_t bm_shift = 0;
+    while ((int64_t{1} << bm_shift) < bm) ++bm_shift;
+    const uint64_t bm_mul = ((uint64_t{1} << 32) * ((uint64_t{1} << bm_shift) - static_cast<uint64_t>(bm))) /
+                                static_cast<uint64_t>(bm) + 1;
+    k.block_rows_mul = static_cast<int32_t>(static_cast<uint32_t>(bm_mul));
+    k.block_rows_shift = static_cast<int32_t>(bm_shift);
     k.block_pieces = a.x_sf.present ? a.x_block_size[1] / 16 : 1;
     k.x_sf_row_stride = a.x_sf.present ? a.x_sf.stride[0] : 0;
     k.x_sf_col_stride = a.x_sf.present ? a.x_sf.stride[1] : 0;
@@ -169,6 +179,11 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
                int64_t sf_row_stride, int64_t sf_col_stride, bool read_sf) {
   const int64_t lanes = lanes_per_row(p, c, a.use_packed_ue8m0);
   TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 4096, "x", "has too many rows for one launch");
+  // the pre-quantized kernel: 32 lanes of 16 values per block column (grid y), and a piece's 16
+  // codes stored as one vector (16 or 8 bytes)
+  TKA_CHECK(!p.quantized || lanes <= int64_t{65535} * 32, "x", "has too many values per row for one launch");
+  TKA_CHECK(!p.quantized || out == nullptr || aligned(out, p.out_dtype == E4M3 ? 16 : 8), "out",
+            "must start %d-byte aligned", p.out_dtype == E4M3 ? 16 : 8);
   k.x = a.x.data;
   k.out = out;
   k.sf = sf;

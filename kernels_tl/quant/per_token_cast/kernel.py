@@ -41,17 +41,21 @@ e5m6 (one group per row): a piece is 8 values (two 16-byte loads of fp32); each 
 12-bit code is the half rounded toward zero (``cvt.rz.f16.f32``), its top 12 bits, plus the
 reference's rounding step on the float32 bits; eight codes pack into three words.
 
-Pre-quantized ``(q, s_in)`` (``_quantized_input_kernel``): one lane per 16 values (16 e4m3
-bytes or 8 e2m1 bytes), 4 or 8 pieces per thread ``THREADS`` apart, groups of 1-8 lanes at run
-time.  ``max |q * s_in|`` of a piece is the largest magnitude code (byte-wise ``vmaxu4``)
-decoded and times ``|s_in|`` (``fl(|q| |s|)`` grows with ``|q|``), NaN for ``0 * inf``; the codes
-are ``encode(q * (s_in * sf_inv))`` per value.
+Pre-quantized ``(q, s_in)`` (``_quantized_input_kernel``): a block is 32 rows x 32 lanes, a lane
+16 bytes of a row (one e4m3 piece of 16 values, or two e2m1 pieces), 4 rows per thread; a lane's
+column (input-factor column, group, lead lanes) is computed once, a row's block of input factors
+with a multiply-high division.  Groups of 1-8 pieces at run time.  ``max |q * s_in|`` of a piece
+is the largest magnitude code (e4m3: ``VIMNMX.U16x2`` over byte pairs; e2m1: a one-hot presence
+byte by ``PRMT``) decoded and times ``|s_in|`` (``fl(|q| |s|)`` grows with ``|q|``), NaN for
+``0 * inf``; the codes are ``encode(q * (s_in * sf_inv))``: e4m3 value by value, e2m1 -> e2m1
+by a per-factor table of the 8 magnitudes' codes looked up with ``PRMT`` (a power-of-two factor
+takes its table from the exponent).  One 16- or 8-byte store per piece.
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1) x ``group``
 (16, 32, 64, 128, 0); bfloat16/float32 x e5m6 x 0; pre-quantized float8_e4m3fn/int8 x
 e4m3/e2m1 x 0: 26 configs.  bf16 -> e4m3, 8192 x 7168, groups of 128: 42.5 us device time on an
-H200, 99% of its copy bandwidth; e5m6 54.6 us (90%); pre-quantized e4m3 input 53.9 us
-(``notes.md``).
+H200, 99% of its copy bandwidth; e5m6 54.6 us (90%); the pre-quantized kernel's expectation
+is in ``notes.md`` (not yet measured on a GPU).
 """
 
 from tilelang import language as T
@@ -135,31 +139,45 @@ __device__ __forceinline__ unsigned tka_e2m1_nibble(float v) {
 }
 // max |q_i * s| of a piece as the reference takes it element by element (NaN-keeping):
 // fl(|q| |s|) grows with |q|, so it is the largest magnitude code times |s|, except that
-// 0 * inf is NaN.  `mag_max`: the largest magnitude code; `has_zero`: a zero magnitude.
+// 0 * inf is NaN.  `q_max`: the value of the largest magnitude code; `has_zero`: a zero magnitude.
 __device__ __forceinline__ float tka_piece_amax(float q_max, float s, bool has_zero) {
   float a = __fmul_rn(q_max, fabsf(s));
   return (isinf(s) && has_zero) ? __uint_as_float(0x7FFFFFFFu) : a;
 }
-__device__ __forceinline__ unsigned tka_bytes_max(unsigned m) {
-  m = __vmaxu4(m, m >> 16);
-  return __vmaxu4(m, m >> 8) & 0xFFu;
+// A zero byte among the magnitudes (w & 0x7F7F7F7F): the lowest zero byte borrows into its top bit
+__device__ __forceinline__ bool tka_has_zero_magnitude(unsigned w) {
+  const unsigned x = w & 0x7F7F7F7Fu;
+  return ((x - 0x01010101u) & ~x & 0x80808080u) != 0u;
 }
-// 16 e4m3 codes in four words
+// 16 e4m3 codes in four words: the largest magnitude byte by 16-bit lanes (one VIMNMX.U16x2 each)
 __device__ __forceinline__ float tka_e4m3_piece_amax(unsigned w0, unsigned w1, unsigned w2, unsigned w3, float s) {
-  const unsigned k = 0x7F7F7F7Fu;
-  unsigned m = tka_bytes_max(__vmaxu4(__vmaxu4(w0 & k, w1 & k), __vmaxu4(w2 & k, w3 & k)));
-  bool zero = (__vcmpeq4(w0 & k, 0u) | __vcmpeq4(w1 & k, 0u) | __vcmpeq4(w2 & k, 0u) | __vcmpeq4(w3 & k, 0u)) != 0u;
+  const unsigned k = 0x007F007Fu;
+  unsigned m = __vmaxu2(__vmaxu2(__vmaxu2(w0 & k, (w0 >> 8) & k), __vmaxu2(w1 & k, (w1 >> 8) & k)),
+                        __vmaxu2(__vmaxu2(w2 & k, (w2 >> 8) & k), __vmaxu2(w3 & k, (w3 >> 8) & k)));
+  m = max(m & 0xFFFFu, m >> 16);
+  const bool zero = isinf(s) && (tka_has_zero_magnitude(w0) || tka_has_zero_magnitude(w1) ||
+                                 tka_has_zero_magnitude(w2) || tka_has_zero_magnitude(w3));
   return tka_piece_amax(tka_e4m3x2_values(m).x, s, zero);
 }
-__device__ __forceinline__ bool tka_has_zero_nibble(unsigned w) {
-  unsigned x = w & 0x77777777u;  // magnitudes; a nibble borrows into its top bit only when it (or one below) is 0
-  return ((x - 0x11111111u) & 0x88888888u) != 0u;
+// Bit m of byte j: nibble j (0..3) or j + 4 has magnitude m (a one-hot table looked up by PRMT)
+// (PRMT reads its four selectors from the low 16 bits)
+__device__ __forceinline__ unsigned tka_e2m1_presence(unsigned w) {
+  const unsigned x = w & 0x77777777u;
+  return __byte_perm(0x08040201u, 0x80402010u, x) | __byte_perm(0x08040201u, 0x80402010u, x >> 16);
 }
-// 16 e2m1 nibbles in two words
+// 16 e2m1 nibbles in two words: bit m of `p` says some magnitude is m (bit 0: a zero)
 __device__ __forceinline__ float tka_e2m1_piece_amax(unsigned w0, unsigned w1, float s) {
-  const unsigned k = 0x07070707u;
-  unsigned m = tka_bytes_max(__vmaxu4(__vmaxu4(w0 & k, (w0 >> 4) & k), __vmaxu4(w1 & k, (w1 >> 4) & k)));
-  return tka_piece_amax(tka_e2m1_value(m), s, tka_has_zero_nibble(w0) || tka_has_zero_nibble(w1));
+  unsigned p = tka_e2m1_presence(w0) | tka_e2m1_presence(w1);
+  p |= p >> 16;
+  p = (p | (p >> 8)) & 0xFFu;
+  return tka_piece_amax(tka_e2m1_value(31u - __clz(p)), s, (p & 1u) != 0u);
+}
+// the same over two pieces (four words) with one factor
+__device__ __forceinline__ float tka_e2m1_pair_amax(unsigned w0, unsigned w1, unsigned w2, unsigned w3, float s) {
+  unsigned p = tka_e2m1_presence(w0) | tka_e2m1_presence(w1) | tka_e2m1_presence(w2) | tka_e2m1_presence(w3);
+  p |= p >> 16;
+  p = (p | (p >> 8)) & 0xFFu;
+  return tka_piece_amax(tka_e2m1_value(31u - __clz(p)), s, (p & 1u) != 0u);
 }
 // Re-encoding q_i * f: four e4m3 codes -> four e4m3 codes
 __device__ __forceinline__ unsigned tka_e4m3_to_e4m3(unsigned w, float f) {
@@ -398,22 +416,132 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     return per_token_cast
 
 
-# Pre-quantized input: a piece is 16 values (16 e4m3 bytes or 8 e2m1 bytes); a thread
-# handles QUANT_PIECES pieces, THREADS apart, so that every load instruction of a warp
-# covers contiguous whole sectors and 64 bytes per thread are in flight.
-QUANT_PIECES = {"float8_e4m3fn": 4, "int8": 8}
+# Pre-quantized input: a piece is 16 values (16 e4m3 bytes or 8 e2m1 bytes).  A lane owns
+# QUANT_PPL pieces of a row (16 bytes: one e4m3 piece, or two adjacent e2m1 pieces); a block is
+# 32 rows x 32 lanes: warp w takes rows w, w + 8, w + 16, w + 24 of the block's rows, lane l the
+# lane column 32 * blockIdx.y + l of each, so every load instruction of a warp reads 512
+# contiguous bytes and each thread has 64 bytes in flight.
+QUANT_PPL = {"float8_e4m3fn": 1, "int8": 2}  # pieces per lane
+QUANT_ROWS = 4  # rows per thread
 QUANT_PIECE_VALUES = 16
 _QUANT_WORDS = {"float8_e4m3fn": 4, "int8": 2, "e4m3": 4, "e2m1": 2}  # 32-bit words per 16 values
+
+
+def fast_div_params(d: int) -> tuple:
+    """(mul, shift) with ``n // d == (umulhi(n, mul) + n) >> shift`` for 0 <= n < 2**31 and
+    1 <= d < 2**31 (round-up reciprocal; ``tka_fast_div``).  host.h computes the same."""
+    shift = (d - 1).bit_length()  # ceil(log2(d))
+    mul = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return mul & 0xFFFFFFFF, shift
+
+
+QUANT_SOURCE = r"""
+// A lane's two adjacent 8-byte pieces at p into dst[0..3]: one 16-byte load when p is 16-byte
+// aligned, else two 8-byte loads (rows that start 8-byte aligned only); without `second` (a
+// row's last, odd piece) the first only, dst[2..3] = 0
+__device__ __forceinline__ void tka_load_pair(unsigned* dst, const void* p, bool second) {
+  if (second && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull) {
+    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3]) : "l"(p));
+  } else {
+    asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(dst[0]), "=r"(dst[1]) : "l"(p));
+    dst[2] = 0u;
+    dst[3] = 0u;
+    if (second)
+      asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(dst[2]), "=r"(dst[3]) : "l"(static_cast<const unsigned*>(p) + 2));
+  }
+}
+// One piece's codes as one 16-byte or 8-byte store, or a lane's two e2m1 pieces (16 bytes when
+// aligned); a struct store of uint4 is split into four 4-byte stores by the compiler, PTX is not
+__device__ __forceinline__ void tka_store_x4(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void tka_store_x2(void* p, unsigned a, unsigned b) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void tka_store_pair(void* p, unsigned a, unsigned b, unsigned c, unsigned d, bool first,
+                                               bool second) {
+  if (first && second && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull) {
+    tka_store_x4(p, a, b, c, d);
+  } else {
+    if (first) tka_store_x2(p, a, b);
+    if (second) tka_store_x2(static_cast<unsigned*>(p) + 2, c, d);
+  }
+}
+// n / d for 0 <= n < 2**31 with the host's (mul, shift) of d (host.h; kernel.py: fast_div_params)
+__device__ __forceinline__ int tka_fast_div(int n, int mul, int shift) {
+  return (int)((__umulhi((unsigned)n, (unsigned)mul) + (unsigned)n) >> shift);
+}
+// The e2m1 code (0..7) of a value a >= 0 (or +inf): round to nearest even, saturating at 6.
+// min(a, 6) = K + s * t with t = rne(a / s) for the binade's step s (0.5 below 2, 1 below 4,
+// else 2): one rounding of the exact a / s + (2**23 + K / s) by the fused multiply-add, whose
+// low mantissa bits are then the code (ties to even: K / s is even).
+__device__ __forceinline__ unsigned tka_e2m1_code(float a) {
+  a = fminf(a, 6.0f);
+  const float scale = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const float bias = a < 2.0f ? 8388608.0f : (a < 4.0f ? 8388610.0f : 8388612.0f);
+  return __float_as_uint(__fmaf_rn(a, scale, bias)) - 0x4B000000u;
+}
+// Re-encoding e2m1 codes times a finite f by lookup: byte m of the table is the code of
+// fl(|m| |f|) for the magnitude m (0, 0.5, 1, 1.5, 2, 3, 4, 6); fl(-a f) = -fl(a f) (and the
+// product of a zero keeps the sign rule), so a code's sign is its input sign xor f's.
+__device__ __forceinline__ unsigned long long tka_e2m1_table(float f) {
+  float a = fabsf(f);
+  unsigned lo = (tka_e2m1_code(__fmul_rn(0.5f, a)) << 8) | (tka_e2m1_code(a) << 16) |
+                (tka_e2m1_code(__fmul_rn(1.5f, a)) << 24);
+  unsigned hi = tka_e2m1_code(__fmul_rn(2.0f, a)) | (tka_e2m1_code(__fmul_rn(3.0f, a)) << 8) |
+                (tka_e2m1_code(__fmul_rn(4.0f, a)) << 16) | (tka_e2m1_code(__fmul_rn(6.0f, a)) << 24);
+  return ((unsigned long long)hi << 32) | lo;
+}
+// The same table, cheaper when |f| = 2**k is a normal power of two (pre-quantized UE8M0 or
+// power-of-two input factors with round_sf): the products are exact, so the table depends on
+// k only.  k >= 0: magnitude code m moves up 2k codes (0.5 to 2**(k-1): 2k), saturating at 7;
+// k = -1..-4: the rounded codes of m * 2**k; k <= -5: all 0.  (Equal to tka_e2m1_table for
+// every power of two; others take it.)
+__device__ __forceinline__ unsigned long long tka_e2m1_table_pow2(float f) {
+  const unsigned b = __float_as_uint(f) & 0x7FFFFFFFu;
+  if ((b & 0x7FFFFFu) != 0u || b - 0x00800000u >= 0x7F000000u) return tka_e2m1_table(f);
+  const int k = (int)(b >> 23) - 127;
+  unsigned lo, hi;
+  if (k >= 0) {
+    const unsigned add = 2u * (unsigned)min(k, 4);
+    lo = __vminu4((k == 0 ? 0x03020100u : 0x03020000u) + add * 0x01010100u, 0x07070707u);
+    hi = __vminu4(0x07060504u + add * 0x01010101u, 0x07070707u);
+  } else {
+    lo = k == -1 ? 0x02010000u : k == -2 ? 0x01000000u : 0u;
+    hi = k == -1 ? 0x05040302u : k == -2 ? 0x03020201u : k == -3 ? 0x02010100u : k == -4 ? 0x01000000u : 0u;
+  }
+  return ((unsigned long long)hi << 32) | lo;
+}
+// eight e2m1 nibbles -> eight e2m1 nibbles, the codes of q_i * f; a non-finite f (where
+// products can be NaN) takes the value-by-value path
+__device__ __forceinline__ unsigned tka_e2m1_requant(unsigned w, unsigned long long table, float f) {
+  if (!isfinite(f)) return tka_e2m1_to_e2m1(w, f);
+  unsigned t0 = (unsigned)table, t1 = (unsigned)(table >> 32);
+  const unsigned x = w & 0x77777777u;  // magnitudes (PRMT reads its selectors from the low 16 bits)
+  unsigned lo = __byte_perm(t0, t1, x);        // codes of nibbles 0..3, one per byte
+  unsigned hi = __byte_perm(t0, t1, x >> 16);  // nibbles 4..7
+  lo |= lo >> 4;  // bytes 0 and 2 hold two codes each
+  hi |= hi >> 4;
+  unsigned sign = (__float_as_uint(f) >> 31) * 0x88888888u;
+  return __byte_perm(lo, hi, 0x6420u) | ((w & 0x88888888u) ^ sign);
+}
+"""
 
 
 def _quantized_input_kernel(in_dtype: str, fmt: str):
     """Re-quantize ``(q, s_in)`` per token: ``v = q * s_in`` (``s_in`` over ``x_block_size``
     blocks, any sf form), ``amax`` per group of ``v``, factors as for a plain input, and
     ``out = encode(q * (s_in * sf_inv))``.  The group size is a run-time value: a group is
-    ``group_pieces`` (1, 2, 4 or 8) consecutive lanes, one piece each."""
+    ``group_pieces`` (1, 2, 4 or 8) consecutive pieces, i.e. ``group_pieces / QUANT_PPL`` lanes or
+    (group 16 of e2m1 pieces) half a lane.  A thread's lane column (its input-factor columns,
+    groups, lead lanes) is fixed; per row it takes one multiply-high division (the row's block of
+    input factors)."""
     assert fmt in ("e4m3", "e2m1")
-    reps = QUANT_PIECES[in_dtype]
+    ppl = QUANT_PPL[in_dtype]
+    reps = QUANT_ROWS
+    rows_per_block = (THREADS // WARP) * reps
     in_words, out_words = _QUANT_WORDS[in_dtype], _QUANT_WORDS[fmt]
+    requant_e2m1 = in_dtype == "int8" and fmt == "e2m1"
 
     num_tokens = T.dynamic("num_tokens")
     row_pieces = T.dynamic("row_pieces")  # hidden / 16
@@ -428,111 +556,185 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
         out: T.Tensor[(num_tokens, row_pieces, out_words), T.uint32],
         sf: T.Tensor[(sf_words,), T.uint32],
         lanes_per_row: T.int32,  # row_pieces padded to whole groups (packed: whole words of 4 groups)
-        group_pieces: T.int32,  # lanes (pieces) per group: 1, 2, 4 or 8
+        group_pieces: T.int32,  # pieces per group: 1, 2, 4 or 8
+        group_shift: T.int32,  # log2(group_pieces)
         num_groups: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
         round_sf: T.int32,
         packed_sf: T.int32,
-        block_rows: T.int32,  # x_block_size[0]
+        block_rows_mul: T.int32,  # x_block_size[0] as fast_div_params (mul as 32 raw bits)
+        block_rows_shift: T.int32,
         block_pieces: T.int32,  # x_block_size[1] / 16
         x_sf_row_stride: T.int32,
         x_sf_col_stride: T.int32,
         x_sf_packed: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * lanes_per_row, THREADS * reps), threads=THREADS) as bid:
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), T.ceildiv(lanes_per_row, WARP * ppl),
+                      threads=THREADS) as (bx, by):
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             T.assume(x_stride % in_words == 0)
-            T.assume(lanes_per_row > 0)
-            T.assume(block_rows > 0)
             T.assume(block_pieces > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
-            T.import_source(DEVICE_SOURCE + CAST_SOURCE)
+            T.import_source(DEVICE_SOURCE + CAST_SOURCE + QUANT_SOURCE)
 
-            w = T.alloc_local((reps, in_words), T.uint32)
-            s_in = T.alloc_local((reps,), T.float32)
-            amax = T.alloc_local((reps,), T.float32)
-            sf_inv = T.alloc_local((reps,), T.float32)
-            sf_bits = T.alloc_local((reps,), T.uint32)
+            w = T.alloc_local((reps, ppl * in_words), T.uint32)  # a lane's pieces of a row
+            s_in = T.alloc_local((reps, ppl), T.float32)
+            amax = T.alloc_local((reps * ppl,), T.float32)
+            sf_inv = T.alloc_local((reps * ppl,), T.float32)
+            sf_bits = T.alloc_local((reps * ppl,), T.uint32)
+            res = T.alloc_local((ppl * out_words,), T.uint32)
             rows = T.alloc_local((reps,), T.int32)
-            slots = T.alloc_local((reps,), T.int32)
+            x_sf_col = T.alloc_local((ppl,), T.int32)
+            x_sf_shift = T.alloc_local((ppl,), T.uint32)
+            blocks = T.alloc_local((ppl,), T.int32)
             sf_word = T.alloc_var(T.uint32)
             part = T.alloc_var(T.uint32)
+            if requant_e2m1:
+                table = T.alloc_local((ppl,), T.uint64)
+
+            # ---- the thread's lane column: its pieces, their input-factor columns, groups
+            first = (by * WARP + tid % WARP) * ppl  # first piece of the lane
+            for k in T.unroll(ppl):
+                blocks[k] = (first + k) // block_pieces  # the thread's divisions (32-bit)
+                # input factor of a row of blocks: word `x_sf_col`, bits from `x_sf_shift` (packed
+                # UE8M0: byte block % 4 of word block // 4, as a float32 exponent field; 0 gives 0.0)
+                x_sf_col[k] = blocks[k] * x_sf_col_stride
+                x_sf_shift[k] = T.uint32(0)
+                if x_sf_packed != 0:
+                    x_sf_col[k] = (blocks[k] >> 2) * x_sf_col_stride
+                    x_sf_shift[k] = T.Cast("uint32", (blocks[k] & 3) * 8)
+            # lanes per group (>= 1) and per packed word of 4 groups: powers of two dividing 32
+            group_lanes = T.max(group_pieces // ppl, 1)
+            word_lanes = 4 * group_pieces // ppl
+            word_step = T.max(word_lanes // 4, 1)  # lanes between the groups of a word
+            for r in T.unroll(reps):
+                rows[r] = bx * rows_per_block + r * (THREADS // WARP) + tid // WARP
 
             # ---- loads: every piece's data and input factor first
             for r in T.unroll(reps):
-                flat = (bid * reps + r) * THREADS + tid
-                rows[r] = flat // lanes_per_row
-                slots[r] = flat - rows[r] * lanes_per_row
-                s_in[r] = T.float32(0)
-                if rows[r] < num_tokens and slots[r] < row_pieces:
-                    for u in T.vectorized(in_words):
-                        w[r, u] = x[rows[r], slots[r], u]
-                    block = slots[r] // block_pieces
-                    base = (rows[r] // block_rows) * x_sf_row_stride
-                    if x_sf_packed != 0:
-                        # UE8M0 byte b is 2**(b - 127) (b = 0: 0.0), as its float32 exponent field
-                        s_in[r] = T.reinterpret(
-                            ((x_sf[base + (block // 4) * x_sf_col_stride] >> T.Cast("uint32", 8 * (block % 4)))
-                             & T.uint32(0xFF)) << T.uint32(23), T.float32)
+                for k in T.unroll(ppl):
+                    s_in[r, k] = T.float32(0)
+                if rows[r] < num_tokens and first < row_pieces:
+                    if ppl == 1:
+                        for u in T.vectorized(in_words):
+                            w[r, u] = x[rows[r], first, u]
                     else:
-                        s_in[r] = T.reinterpret(x_sf[base + block * x_sf_col_stride], T.float32)
+                        T.evaluate(T.call_extern("void", "tka_load_pair", T.address_of(w[r, 0]),
+                                                 T.address_of(x[rows[r], first, 0]), first + 1 < row_pieces))
+                    brow = T.call_extern(T.int32, "tka_fast_div", rows[r], block_rows_mul, block_rows_shift)
+                    for k in T.unroll(ppl):
+                        if first + k < row_pieces:
+                            if k == 0:
+                                raw = x_sf[brow * x_sf_row_stride + x_sf_col[0]]
+                                s_in[r, 0] = T.reinterpret(T.if_then_else(
+                                    x_sf_packed != 0, ((raw >> x_sf_shift[0]) & T.uint32(0xFF)) << T.uint32(23), raw), T.float32)
+                            elif blocks[k] == blocks[0]:
+                                s_in[r, k] = s_in[r, 0]  # one block of input factors
+                            else:
+                                raw = x_sf[brow * x_sf_row_stride + x_sf_col[k]]
+                                s_in[r, k] = T.reinterpret(T.if_then_else(
+                                    x_sf_packed != 0, ((raw >> x_sf_shift[k]) & T.uint32(0xFF)) << T.uint32(23), raw), T.float32)
                 else:
-                    for u in T.unroll(in_words):
+                    for u in T.unroll(ppl * in_words):
                         w[r, u] = T.uint32(0)
 
-            # ---- group max of |q * s_in| (pieces past a row's end add 0)
+            # ---- max of |q * s_in| per piece (pieces past a row's end: 0), then per group
             for r in T.unroll(reps):
-                amax[r] = T.float32(0)
-                if rows[r] < num_tokens and slots[r] < row_pieces:
-                    if in_dtype == "float8_e4m3fn":
-                        amax[r] = T.call_extern(T.float32, "tka_e4m3_piece_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3], s_in[r])
+                for k in T.unroll(ppl):
+                    amax[r * ppl + k] = T.float32(0)
+                if in_dtype == "float8_e4m3fn":
+                    if rows[r] < num_tokens and first < row_pieces:
+                        amax[r * ppl] = T.call_extern(T.float32, "tka_e4m3_piece_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3],
+                                                      s_in[r, 0])
+                elif rows[r] < num_tokens and first < row_pieces:
+                    if group_pieces >= 2 and s_in[r, 1] == s_in[r, 0]:
+                        # both pieces of one group and one factor (an odd row end: w[r, 2:4] = 0 and
+                        # s_in[r, 1] = 0, so only with s_in[r, 0] = 0, where zeros change nothing)
+                        amax[r * ppl] = T.call_extern(T.float32, "tka_e2m1_pair_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3],
+                                                      s_in[r, 0])
                     else:
-                        amax[r] = T.call_extern(T.float32, "tka_e2m1_piece_amax", w[r, 0], w[r, 1], s_in[r])
+                        for k in T.unroll(ppl):
+                            if first + k < row_pieces:
+                                amax[r * ppl + k] = T.call_extern(T.float32, "tka_e2m1_piece_amax", w[r, 2 * k], w[r, 2 * k + 1],
+                                                                  s_in[r, k])
+            if ppl == 2:
+                if group_pieces >= 2:  # the lane's two pieces are of one group
+                    for r in T.unroll(reps):
+                        amax[r * ppl] = max_nan(amax[r * ppl], amax[r * ppl + 1])
             for r in T.unroll(reps):
                 for st in T.unroll(3):
-                    if (1 << st) < group_pieces:
-                        amax[r] = max_nan(amax[r], T.shfl_xor(amax[r], 1 << st))
+                    if (1 << st) < group_lanes:
+                        amax[r * ppl] = max_nan(amax[r * ppl], T.shfl_xor(amax[r * ppl], 1 << st))
 
             # ---- factors, and their store: one word per group (fp32) or per 4 groups (UE8M0)
             for r in T.unroll(reps):
-                scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r)
-                grp = slots[r] // group_pieces
-                lead = slots[r] % group_pieces == 0 and rows[r] < num_tokens
+                scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r * ppl)
+                if ppl == 2:
+                    if group_pieces >= 2:
+                        sf_bits[r * ppl + 1] = sf_bits[r * ppl]
+                        sf_inv[r * ppl + 1] = sf_inv[r * ppl]
+                    else:
+                        scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r * ppl + 1)
                 if packed_sf != 0:
-                    # the 4 groups of a word are 4 * group_pieces lanes of one warp (lanes_per_row
-                    # is a multiple of it): the first gathers the others' bytes
-                    part = T.if_then_else(grp < num_groups, sf_bits[r] << T.Cast("uint32", 8 * (grp % 4)), T.uint32(0))
+                    # the 4 groups of a word are `word_lanes` lanes of one warp (a warp's lanes start
+                    # at a multiple of 32 pieces): every lane ORs its groups' bytes in, the word's
+                    # first lane gathers the others' (lanes of one group hold the same bytes)
+                    part = T.uint32(0)
+                    for k in T.unroll(ppl):
+                        if ((first + k) >> group_shift) < num_groups:
+                            part = part | (sf_bits[r * ppl + k] << T.Cast("uint32", 8 * (((first + k) >> group_shift) & 3)))
                     sf_word = part
                     for m in T.unroll(1, 4):
-                        sf_word = sf_word | T.shfl_down(part, m * group_pieces)
-                    if lead and grp % 4 == 0 and grp < num_groups:
-                        sf[rows[r] * sf_row_stride + (grp // 4) * sf_col_stride] = sf_word
-                elif lead and grp < num_groups:
-                    sf[rows[r] * sf_row_stride + grp * sf_col_stride] = sf_bits[r]
+                        if m * word_step < word_lanes:  # uniform: word_lanes is 2 (gather 1) or 4 * word_step
+                            sf_word = sf_word | T.shfl_down(part, m * word_step)
+                    if (rows[r] < num_tokens and (first & (4 * group_pieces - 1)) == 0
+                            and (first >> group_shift) < num_groups):
+                        sf[rows[r] * sf_row_stride + ((first >> group_shift) >> 2) * sf_col_stride] = sf_word
+                else:
+                    for k in T.unroll(ppl):
+                        if (rows[r] < num_tokens and ((first + k) & (group_pieces - 1)) == 0
+                                and ((first + k) >> group_shift) < num_groups):
+                            sf[rows[r] * sf_row_stride + ((first + k) >> group_shift) * sf_col_stride] = sf_bits[r * ppl + k]
 
-            # ---- re-encode q * (s_in * sf_inv) and store
+            # ---- re-encode q * (s_in * sf_inv); vector stores
             for r in T.unroll(reps):
-                if rows[r] < num_tokens and slots[r] < row_pieces:
-                    f = s_in[r] * sf_inv[r]
-                    if in_dtype == "float8_e4m3fn" and fmt == "e4m3":
-                        for u in T.unroll(4):
-                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e4m3_to_e4m3", w[r, u], f)
-                    elif in_dtype == "float8_e4m3fn":
-                        for u in T.unroll(2):
-                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e4m3_to_e2m1", w[r, 2 * u], w[r, 2 * u + 1], f)
+                if rows[r] < num_tokens and first < row_pieces:
+                    if in_dtype == "float8_e4m3fn":
+                        f = s_in[r, 0] * sf_inv[r * ppl]
+                        if fmt == "e4m3":
+                            for u in T.unroll(4):
+                                res[u] = T.call_extern(T.uint32, "tka_e4m3_to_e4m3", w[r, u], f)
+                            T.evaluate(T.call_extern("void", "tka_store_x4", T.address_of(out[rows[r], first, 0]),
+                                                     res[0], res[1], res[2], res[3]))
+                        else:
+                            for u in T.unroll(2):
+                                res[u] = T.call_extern(T.uint32, "tka_e4m3_to_e2m1", w[r, 2 * u], w[r, 2 * u + 1], f)
+                            T.evaluate(T.call_extern("void", "tka_store_x2", T.address_of(out[rows[r], first, 0]),
+                                                     res[0], res[1]))
                     elif fmt == "e2m1":
-                        for u in T.unroll(2):
-                            out[rows[r], slots[r], u] = T.call_extern(T.uint32, "tka_e2m1_to_e2m1", w[r, u], f)
-                    else:
+                        # one table per lane when its two pieces share the factor (a table depends on |f|)
+                        table[0] = T.call_extern(T.uint64, "tka_e2m1_table_pow2", s_in[r, 0] * sf_inv[r * ppl])
+                        if s_in[r, 1] * sf_inv[r * ppl + 1] == s_in[r, 0] * sf_inv[r * ppl]:
+                            table[1] = table[0]
+                        else:
+                            table[1] = T.call_extern(T.uint64, "tka_e2m1_table_pow2", s_in[r, 1] * sf_inv[r * ppl + 1])
                         for u in T.unroll(4):
-                            out[rows[r], slots[r], u] = T.call_extern(
-                                T.uint32, "tka_e2m1_to_e4m3", w[r, u // 2] >> T.uint32(16 * (u % 2)), f)
+                            res[u] = T.call_extern(T.uint32, "tka_e2m1_requant", w[r, u], table[u // 2],
+                                                   s_in[r, u // 2] * sf_inv[r * ppl + u // 2])
+                        T.evaluate(T.call_extern("void", "tka_store_pair", T.address_of(out[rows[r], first, 0]),
+                                                 res[0], res[1], res[2], res[3], True, first + 1 < row_pieces))
+                    else:
+                        for k in T.unroll(2):
+                            if first + k < row_pieces:
+                                for u in T.unroll(4):
+                                    res[u] = T.call_extern(T.uint32, "tka_e2m1_to_e4m3", w[r, 2 * k + u // 2] >> T.uint32(16 * (u % 2)),
+                                                           s_in[r, k] * sf_inv[r * ppl + k])
+                                T.evaluate(T.call_extern("void", "tka_store_x4", T.address_of(out[rows[r], first + k, 0]),
+                                                         res[0], res[1], res[2], res[3]))
 
     return per_token_cast_quantized
-
-
 
 
 def host_constants(in_dtype: str, fmt: str, group: int) -> dict:
