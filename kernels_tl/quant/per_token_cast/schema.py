@@ -3,8 +3,8 @@ the token count, hidden size, row stride, scale-factor layout and round_sf are r
 A pre-quantized (data, sf) input (data float8_e4m3fn or int8) is its own kernel per (data dtype,
 format), with the group size, x_block_size and the input's sf form at run time (static group 0)."""
 
-from kernels_tl.schema import (Bool, Int, IntTuple, Op, Out, Param, Quantized, QuantizedTensor, Randn, Sample, Schema,
-                               Str, Tensor)
+from kernels_tl.schema import (Bool, Int, IntTuple, Op, Out, Param, Quantized, QuantizedTensor, Rand, Randn, Sample,
+                               Schema, Str, Tensor)
 
 # the outputs' layout (host.h: data_output, sf_output): e4m3 bytes, e2m1 packed two per int8,
 # or e5m6 packed eight per 12 bytes (uint8); fp32 factors [T, groups], or packed UE8M0 words
@@ -100,6 +100,15 @@ def _e5m6_samples() -> list:
         Sample("e5m6 fp32, hidden 576", 1000, [Randn(["T", 576], "float32"), "e5m6", 576]),
         Sample("e5m6 fp32, hidden 2056 (a multiple of 8 only), col-major", 300,
                [Randn(["T", 2056], "float32"), "e5m6", 2056], {"use_tma_aligned_col_major_sf": True}),
+        # bf16 takes the short rounding only with a power-of-two factor inverse >= 1 (round_sf, amax <= MAX)
+        Sample("e5m6 bf16, hidden 2056 (257 pieces), fp32 factors: general rounding", 300,
+               [Randn(["T", 2056], "bfloat16"), "e5m6", 2056]),
+        Sample("e5m6 bf16, |x| < 2e5, round_sf (factor inverse 1/4: general rounding)", 300,
+               [Rand(["T", 1024], "bfloat16", -2e5, 2e5), "e5m6", 1024], {"round_sf": True}),
+        Sample("e5m6 bf16, hidden 8 (one lane per row), round_sf", 1000, [Randn(["T", 8], "bfloat16"), "e5m6", 8],
+               {"round_sf": True}),
+        Sample("e5m6 bf16, hidden 200 (25 pieces), packed UE8M0", 301, [Randn(["T", 200], "bfloat16"), "e5m6", 200],
+               flags),
     ]
 
 
