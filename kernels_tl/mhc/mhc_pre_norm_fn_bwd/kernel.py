@@ -12,17 +12,24 @@ Inputs per token ``t``: ``ug[t, j]`` (the gradient of ``x @ W.T``, float32 [T, M
 
 Exact products: a float32 ``v`` splits exactly into three bf16 values, ``h`` (``v`` with the
 low 16 bits cleared: 8 significant bits), ``m`` (the same of ``v - h``) and ``l = v - h - m``
-(at most 8 significant bits); an infinite or NaN ``v`` keeps ``m = l = +0`` and ``h`` carries
-it (a NaN as a quiet NaN).  Every product of two bf16 parts is exact in float32.
+(at most 8 significant bits).  Every product of two bf16 parts is exact in float32.
 
 - ``v``: one bf16 GEMM per 64-token tile, A = the tile's ``ug`` parts [64, 8 M3], B = the
   column slice's ``W`` parts [8 M3, COLS], the 8 blocks of M3 being the part pairs
   (h h, h m, h l, m h, m m, m l, l h, l m) of (ug, W): every product but ``l * l`` (below
   2^-32 of ``|ug W|``); the MMA's own order of float32 additions over the 8 M3 terms.
-- ``fn_grad``: one bf16 GEMM per tile, ``acc[c, p M3 + j] += sum_t x[t, c] * ug_p[t, j]`` (A = the
-  x tile transposed, B = the tile's ``ug`` parts [3 M3, 64] transposed), accumulated over the
-  block's tiles in tile order; then ``(acc_h + acc_m) + acc_l`` per value; in a thread-block
-  cluster the blocks' sums are added left to right from rank 0 (distributed shared memory).
+- ``fn_grad``: one bf16 GEMM per tile from +0, ``tile[c, p M3 + j] = sum_t x[t, c] * ug_p[t, j]``
+  (A = the x tile transposed, B = the tile's ``ug`` parts [3 M3, 64] transposed, zero rows up
+  to 80), added to the block's running sums tile by tile (float32, round to nearest); then
+  ``(s_h + s_m) + s_l`` per value; in a thread-block cluster the blocks' sums are added left
+  to right from rank 0 (distributed shared memory).
+
+Infinities and NaN: an infinite or NaN ``v`` has ``h = v`` (a NaN made quiet), ``m = l = +0``,
+and where its ``h`` meets the other operand's ``m`` or ``l`` (blocks h m, h l, m h, l h) a +0
+stands in, so in ``v`` only ``h * h`` products can be infinite or NaN, and they are exactly
+where ``ug[t, j] * W[j, k]`` is (with its sign; ``h`` is 0 only for 0 and float32 denormals
+below 2^-133).  In ``fn_grad`` ``s_h`` likewise has exactly the reference's infinite and NaN
+terms; ``s_m`` and ``s_l`` may hold ``0 * inf``, so a non-finite ``s_h`` is the value as it is.
 
 Layout: a column slice of ``COLS`` (64) consecutive columns of K belongs to one block, or to a
 cluster of ``cluster`` blocks (static: 1, 2, 4 or 8; the host picks it) that deal the slice's
@@ -52,8 +59,8 @@ THREADS = 128  # one warpgroup
 STAGES = 5  # ring slots: 4 tiles in flight
 GS_PAD = 8  # x_grad ring rows padded to 72 elements (144 bytes): conflict-free epilogue reads
 CLUSTERS = (1, 2, 4, 8)
-# the x_grad GEMM's 8 blocks of M3 inner terms: block b pairs ug part b // 3 with W part b % 3
-# (h h, h m, h l, m h, m m, m l, l h, l m: every pair but (l, l))
+# the x_grad GEMM's 8 blocks of M3 inner terms pair the parts (ug, W) h h, h m, h l, m h, m m,
+# m l, l h, l m: every pair but (l, l) (_u_part, _w_part)
 # Barriers are placed by hand (three per tile, around the final sums) and every shared or global
 # index is in bounds by construction: TileLang's automatic barriers and guards would add work
 # to every tile.
@@ -95,8 +102,10 @@ def host_constants(mhc_mult, cluster):
 
 
 def _split3(v):
-    """The bf16 bits (uint16) of ``h``, ``m``, ``l`` of float32 ``v`` (exact: ``v = h + m + l``);
-    infinite or NaN: ``h`` alone (a NaN made quiet), ``m = l = 0``."""
+    """The bf16 parts ``h``, ``m``, ``l`` of float32 ``v`` (exact: ``v = h + m + l``) and ``hx``,
+    the ``h`` that meets the other operand's ``m`` or ``l``: for a finite ``v`` ``hx = h``; an
+    infinite or NaN ``v`` has ``h = v`` (a NaN made quiet), ``m = l = hx = +0``, so that only
+    ``h * h`` products can be infinite or NaN (never ``inf * 0`` from a zero part)."""
     bits = T.reinterpret(v, T.uint32)
     special = (bits & T.uint32(0x7F800000)) == T.uint32(0x7F800000)
     r1 = v - T.reinterpret(bits & T.uint32(0xFFFF0000), T.float32)  # exact
@@ -105,7 +114,19 @@ def _split3(v):
                        (bits >> T.uint32(16)) | T.uint32(0x40), bits >> T.uint32(16))
     m = T.if_then_else(special, T.uint32(0), T.reinterpret(r1, T.uint32) >> T.uint32(16))
     lo = T.if_then_else(special, T.uint32(0), T.reinterpret(r2, T.uint32) >> T.uint32(16))
-    return [T.reinterpret(T.Cast("uint16", p), T.bfloat16) for p in (h, m, lo)]
+    hx = T.if_then_else(special, T.uint32(0), bits >> T.uint32(16))
+    return [T.reinterpret(T.Cast("uint16", p), T.bfloat16) for p in (h, m, lo, hx)]
+
+
+def _u_part(b):
+    """The ``ug`` part of the x_grad GEMM's inner block ``b``: h h, h m, h l, m h, m m, m l, l h,
+    l m; ``hx`` (3) where ``h`` meets ``W``'s ``m`` or ``l``."""
+    return T.if_then_else((b == 1) | (b == 2), 3, b // 3)
+
+
+def _w_part(b):
+    """The ``W`` part of inner block ``b``; ``hx`` (3) where ``h`` meets ``ug``'s ``m`` or ``l``."""
+    return T.if_then_else((b == 3) | (b == 6), 3, b % 3)
 
 
 def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
@@ -180,8 +201,8 @@ def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
             gs = T.alloc_shared((STAGES, TILE, COLS + GS_PAD), T.bfloat16)
             us = T.alloc_shared((STAGES, TILE, m3), T.float32)
             ss = T.alloc_shared((STAGES, TILE), T.float32)
-            wp = T.alloc_shared((inner, COLS), T.bfloat16)  # W parts, block b = part b % 3
-            up = T.alloc_shared((TILE, inner), T.bfloat16)  # ug parts, block b = part b // 3
+            wp = T.alloc_shared((inner, COLS), T.bfloat16)  # W parts of the 8 inner blocks (_w_part)
+            up = T.alloc_shared((TILE, inner), T.bfloat16)  # ug parts of the 8 inner blocks (_u_part)
             ut = T.alloc_shared((fn_n, TILE), T.bfloat16)  # ug parts transposed (h; m; l; zero rows)
             ob = T.alloc_shared((TILE, COLS + GS_PAD), T.bfloat16)  # the tile's x_grad_out
             red = T.alloc_shared((COLS, fn_n), T.float32)
@@ -189,7 +210,7 @@ def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
             xacc = T.alloc_fragment((TILE, COLS), T.float32)
             ftile = T.alloc_fragment((COLS, fn_n), T.float32)  # one tile's fn sums
             facc = T.alloc_fragment((COLS, fn_n), T.float32)  # the block's, tile by tile
-            parts = T.alloc_local((3,), T.bfloat16)
+            parts = T.alloc_local((4,), T.bfloat16)
             uv = T.alloc_var(T.float32)
             total = T.alloc_var(T.float32)
 
@@ -211,8 +232,9 @@ def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
                 parts[0] = _split3(uv)[0]
                 parts[1] = _split3(uv)[1]
                 parts[2] = _split3(uv)[2]
+                parts[3] = _split3(uv)[3]
                 for b in T.unroll(8):
-                    wp[b * m3 + tid // COLS + q * (THREADS // COLS), tid % COLS] = parts[b % 3]
+                    wp[b * m3 + tid // COLS + q * (THREADS // COLS), tid % COLS] = parts[_w_part(b)]
 
             for i in T.serial(tiles):
                 T.evaluate(T.call_extern("void", "tka_nfbwd_landed"))  # this thread's copies of tile i landed
@@ -232,8 +254,9 @@ def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
                     parts[0] = _split3(uv)[0]
                     parts[1] = _split3(uv)[1]
                     parts[2] = _split3(uv)[2]
+                    parts[3] = _split3(uv)[3]
                     for b in T.unroll(8):
-                        up[tt, b * m3 + j] = parts[b // 3]
+                        up[tt, b * m3 + j] = parts[_u_part(b)]
                     for p in T.unroll(3):
                         ut[p * m3 + j, tt] = parts[p]
                 # this thread's shared writes (its cp.async copies, its parts) visible to the async
@@ -274,7 +297,11 @@ def mhc_pre_norm_fn_bwd_kernel(mhc_mult, cluster):
             for q in T.unroll(fn_passes):
                 j = (tid + q * THREADS) // COLS
                 c = (tid + q * THREADS) % COLS
-                total = (red[c, j] + red[c, m3 + j]) + red[c, 2 * m3 + j]
+                # a non-finite h sum is the reference's (its infinite and NaN terms are exactly the
+                # reference's); the m and l sums may then hold 0 * inf
+                total = T.if_then_else(
+                    (T.reinterpret(red[c, j], T.uint32) & T.uint32(0x7F800000)) == T.uint32(0x7F800000),
+                    red[c, j], (red[c, j] + red[c, m3 + j]) + red[c, 2 * m3 + j])
                 if cluster > 1:
                     fsum[j, c] = total  # only this thread writes (j, c)
                 else:
