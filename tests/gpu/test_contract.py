@@ -40,8 +40,19 @@ PER_TOKEN = [c for c in CASES if c[2]]
 
 
 def _outputs(result):
-    """The tensors of a call's result (an op wrapped in Python may return more, e.g. a list)."""
-    return tuple(t for t in result if isinstance(t, torch.Tensor)) if isinstance(result, tuple) else (result,)
+    """The tensors of a call's result, a returned tensor list's tensors each (an op wrapped in
+    Python may return more, e.g. a list of ints)."""
+    if isinstance(result, list):  # an in-place op's one updated tensor list
+        return tuple(result)
+    if not isinstance(result, tuple):
+        return (result,)
+    tensors = []
+    for t in result:
+        if isinstance(t, torch.Tensor):
+            tensors.append(t)
+        elif isinstance(t, list) and t and all(isinstance(v, torch.Tensor) for v in t):
+            tensors += t
+    return tuple(tensors)
 
 
 @pytest.mark.parametrize("name,call,per_token", CASES, ids=IDS)
@@ -54,10 +65,12 @@ def test_bit_identical_reruns(name, call, per_token, gen):
 
 
 def _rows(value, start, stop, n):
-    """Rows start:stop of a per-token argument (a tensor with n rows, or a (data, sf) pair of
-    them), else the value itself."""
+    """Rows start:stop of a per-token argument (a tensor with n rows, a (data, sf) pair or a
+    tensor list of them), else the value itself."""
     if isinstance(value, tuple):
         return tuple(_rows(v, start, stop, n) for v in value)
+    if isinstance(value, list) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return [_rows(v, start, stop, n) for v in value]
     if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
         return value[start:stop].contiguous()
     return value
