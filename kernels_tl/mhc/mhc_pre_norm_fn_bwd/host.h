@@ -9,16 +9,19 @@ struct Plan {
   int64_t num_tokens, mhc_mult, hidden, features, rows, cluster;
 };
 
-// Blocks per 64-column slice, each taking every cluster-th tile of 64 tokens (one block per SM,
-// by shared memory): the cluster size with the fewest estimated block-time units, waves x
-// (3 + tiles per block), the 3 standing for a block's fixed work (the slice's W parts, the
-// pipeline's fill, the final sums); the smaller cluster on a tie.
+// Blocks per 32-column slice, each taking every cluster-th tile of 64 tokens: going up from 1,
+// a larger cluster is taken when its grid fills whole waves of the SMs' block slots (2 blocks
+// per SM, by registers) better by more than 5 points, as long as each block keeps at least 4
+// tiles to share the slice's fixed work (W, the final sums) over.
 inline int64_t pick_cluster(int64_t num_tokens, int64_t features, int64_t sms) {
-  const int64_t tiles = (num_tokens + 63) / 64, slices = features / 64, slots = sms > 0 ? sms : 1;
-  int64_t best = 1, best_cost = -1;
+  const int64_t tiles = (num_tokens + 63) / 64, slices = features / 32, slots = 2 * (sms > 0 ? sms : 1);
+  int64_t best = 1;
+  double best_fill = 0.0;
   for (int64_t c = 1; c <= 8; c *= 2) {
-    const int64_t waves = (slices * c + slots - 1) / slots, cost = waves * (3 + (tiles + c - 1) / c);
-    if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
+    if (c > 1 && (tiles + c - 1) / c < 4) break;
+    const int64_t blocks = slices * c, waves = (blocks + slots - 1) / slots;
+    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+    if (fill > best_fill + 0.05) best = c, best_fill = fill;
   }
   return best;
 }
@@ -45,7 +48,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   }
   TKA_CHECK(p.mhc_mult >= 2 && p.mhc_mult % 2 == 0, "residual", "must have an even mhc_mult (shape[1]), got %lld",
             static_cast<long long>(p.mhc_mult));
-  TKA_CHECK(K > 0 && K % 64 == 0, "residual", "must have mhc_mult * hidden a positive multiple of 64, got %lld", K);
+  TKA_CHECK(K > 0 && K % 32 == 0, "residual", "must have mhc_mult * hidden a positive multiple of 32, got %lld", K);
   TKA_CHECK(K <= (int64_t{1} << 30), "residual", "must have mhc_mult * hidden <= 2^30, got %lld", K);
   TKA_CHECK(m3 * K <= (int64_t{1} << 31) - 1, "mhc_fn", "must have fewer than 2^31 elements, got %lld", m3 * K);
   TKA_CHECK(aligned(a.residual.data, 16), "residual", "must start 16-byte aligned");
@@ -68,7 +71,7 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
 inline bool needs_launch(const Plan& p) { return p.features > 0; }
 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
-  TKA_CHECK(aligned(o.x_grad_out.data, 16), "x_grad_out", "must start 16-byte aligned");
+  TKA_CHECK(aligned(o.x_grad_out.data, 4), "x_grad_out", "must start 4-byte aligned");
   k.out_mul_grad = a.out_mul_grad.data;
   k.sqrsum_grad = a.sqrsum_grad.data;
   k.residual = a.residual.data;
