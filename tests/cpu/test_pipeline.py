@@ -266,7 +266,9 @@ def test_tensor_list_parameters_and_chained_launches_in_the_stub_and_the_torch_s
                                             Param("ys", TensorList(["bfloat16"], 2, 8, mutable=True))],
             outs=[], returns=[], reference="", samples=[], doc="doc", launches=True)
     schema = Schema(static=(), ops=[op])
-    unit = stubgen.generate_kernel_unit("mhc.f", schema, {"configs": []}, "mhc/f", "schema.py")
+    # one config (no builds): a folder the table lists none of would only refuse calls
+    prebuilt = {"configs": [{"config": {}, "key": "", "constants": {}, "builds": {}}]}
+    unit = stubgen.generate_kernel_unit("mhc.f", schema, prebuilt, "mhc/f", "schema.py")
     assert 'tensor_list_arg(op, "xs", v[1], 8, a.xs.items, &a.xs.size)' in unit
     assert 'check_min_ndim(op, "xs", a.xs.items[k], 1)' in unit and 'check_ndim(op, "ys", a.ys.items[k], 2)' in unit
     assert 'check_dtype(op, "ys", a.ys.items[k], {BF16})' in unit
@@ -278,5 +280,5 @@ def test_tensor_list_parameters_and_chained_launches_in_the_stub_and_the_torch_s
     assert params == [("x", "Tensor", None), ("xs", "Tensor[]", None), ("ys", "Tensor(a!)[]", None)]
     assert custom_ops.schemas(record, params) == ("f(Tensor x, Tensor[] xs, Tensor(a!)[] ys) -> ()", None)
     single = stubgen.generate_kernel_unit("mhc.f", Schema(static=(), ops=[Op(**{**op.__dict__, "launches": False})]),
-                                          {"configs": []}, "mhc/f", "schema.py")
+                                          prebuilt, "mhc/f", "schema.py")
     assert "F::launches" not in single and ", ka)) return nullptr;" in single
