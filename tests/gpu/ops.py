@@ -29,7 +29,7 @@ def mutable_names(record) -> list:
             if p["type"]["kind"] in ("tensor", "tensor_list") and p["type"].get("mutable")]
 
 
-def _clone(v):
+def clone_arg(v):
     """A tensor's clone, a tensor list's clones (a new list), anything else as it is."""
     if isinstance(v, torch.Tensor):
         return v.clone()
@@ -48,8 +48,8 @@ def _on_clones(record, fn):
     mutable = set(mutable_names(record))
 
     def call(*args, **kwargs):
-        args = [_clone(a) if i < len(names) and names[i] in mutable else a for i, a in enumerate(args)]
-        kwargs = {k: _clone(v) if k in mutable else v for k, v in kwargs.items()}
+        args = [clone_arg(a) if i < len(names) and names[i] in mutable else a for i, a in enumerate(args)]
+        kwargs = {k: clone_arg(v) if k in mutable else v for k, v in kwargs.items()}
         fn(*args, **kwargs)
         updated = [a for i, a in enumerate(args) if i < len(names) and names[i] in mutable]
         updated += [v for k, v in kwargs.items() if k in mutable]

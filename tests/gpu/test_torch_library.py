@@ -11,7 +11,7 @@ import tile_kernels_aot as tk
 from tile_kernels_aot import custom_ops, samples, serving_block
 
 from checks import assert_bits_equal
-from ops import OPS, in_place, kernel_function, mutable_names, outputs_by_name, qualname
+from ops import OPS, clone_arg, in_place, kernel_function, mutable_names, outputs_by_name, qualname
 
 BLOCK_OPS = {"moe.topk_gate", "moe.normalize_weight", "quant.per_token_cast",
              "quant.swiglu_forward_and_per_token_cast", "transpose.transpose"}
@@ -112,9 +112,10 @@ def test_custom_op_matches_the_c_function(record, sample, gen):
     if in_place(record):  # the effect on clones of the mutable tensors
         mutable = mutable_names(record)
         names = [n for n, _, _ in custom_ops.torch_params(record)]
-        values = [v.clone() if n in mutable else v for n, v in zip(names, values)]
+        values = [clone_arg(v) if n in mutable else v for n, v in zip(names, values)]
         op(*values)
-        through = {n: v for n, v in zip(names, values) if n in mutable}
+        # named as the C function's side names them (a tensor list's tensors as name[k])
+        through = outputs_by_name(record, tuple(v for n, v in zip(names, values) if n in mutable))
     else:
         # the custom op returns its outputs flat (a nested pair of the C function's result
         # is two of them); an optional output left out is None on both sides
