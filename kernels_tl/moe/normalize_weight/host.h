@@ -26,7 +26,7 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.topk_weights = a.topk_weights.data;
   k.denominator = o.denominator.data;
   k.normalized = o.normalized.data;
-  k.num_tokens = p.num_tokens;
+  k.num_elements = p.num_tokens * p.num_topk;
   k.num_topk = p.num_topk;
   return true;
 }
