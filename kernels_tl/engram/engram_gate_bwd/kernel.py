@@ -32,8 +32,10 @@ uses them: one group with g and v, then one group per piece with x and k.  Per t
    ``grad_v`` (the four streams' g of its pieces, in stream order); warp butterfly, warp sums
    to shared memory, barrier, the stream's sum ``(w0 + w1) + (w2 + w3)``, ``r``;
 3. the thread copies its share of the next token's v row (retired by the barrier of step 2);
-   per piece ``j``: w (4 * 4 * H bytes, L2-resident) of piece ``j + 1`` from global into
-   registers (piece 0's was requested before the barrier of step 2), wait for the piece's x/k
+   per piece ``j``: w of the piece from shared memory for the resident steps (``resident_steps``:
+   as many steps' w as fit beside a token, copied once by each thread, its own pieces, in its
+   first group), else from registers, loaded from global (L2) at the previous such piece (the
+   first before the barrier of step 2); wait for the piece's x/k
    group, x, k, g from shared memory, ``grad_x``, ``grad_k`` (16-byte stores), the
    weight-gradient terms; the piece's g slot then takes the next token's piece.  After the
    loop the next token's g and v close one group, and its x and k pieces follow, one group
@@ -61,6 +63,7 @@ HC = 4
 THREADS = HC * LANES
 SPAN = LANES * PIECE
 SMEM_LIMIT = 227 * 1024  # shared memory one block may have (sm_90, sm_100)
+W_STEP_BYTES = HC * LANES * PIECE * 4  # w of one step (all four streams), float32
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 # shared memory is written by cp.async (unseen by TileLang): the barriers are
                 # placed by hand (see the docstring)
@@ -73,13 +76,48 @@ def _f32(value):
     return T.cast(value, T.float32)
 
 
+def _token_smem_bytes(hidden):
+    """g, x, k (4 rows each) and v (one row) of a token, bf16, and the warp sums."""
+    return 2 * (3 * HC + 1) * hidden + 4 * (THREADS // WARP)
+
+
+def resident_steps(hidden):
+    """The steps whose w stays in shared memory for the whole kernel: as many as fit beside a
+    token's rows, spread over the steps (step ``floor(i * steps / m)``, ``i < m``)."""
+    steps = hidden // SPAN
+    m = min(steps, (SMEM_LIMIT - _token_smem_bytes(hidden)) // W_STEP_BYTES)
+    return [(i * steps) // m for i in range(m)]  # distinct: steps // m >= 1
+
+
+def _any_equal(j, values):
+    """``j == v`` for some ``v`` in ``values`` (a TIR condition; folds once ``j`` is unrolled)."""
+    cond = T.bool(False)
+    for value in values:
+        cond = T.Or(cond, j == value)
+    return cond
+
+
+def _lookup(j, table, default=0):
+    """``table[j]`` for a step ``j`` (a TIR expression; folds once ``j`` is unrolled)."""
+    expr = T.int32(default)
+    for key, value in table.items():
+        expr = T.Select(j == key, T.int32(value), expr)
+    return expr
+
+
 def engram_gate_bwd_kernel(hc_mult, hidden):
     assert hc_mult == HC, "the backward kernel is built for hc_mult == 4"
     assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
     steps = hidden // SPAN
     pieces = hidden // PIECE
     share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
-    assert 2 * (3 * HC + 1) * hidden + 4 * (THREADS // WARP) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
+    assert _token_smem_bytes(hidden) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
+    resident = resident_steps(hidden)  # w of these steps from shared memory
+    slot = {j: n for n, j in enumerate(resident)}
+    num_res = len(resident)
+    loaded = [j for j in range(steps) if j not in slot]  # w of these steps from global (L2)
+    after = {j: loaded[n + 1] for n, j in enumerate(loaded[:-1])}  # the next loaded step
+    assert _token_smem_bytes(hidden) + len(resident) * W_STEP_BYTES <= SMEM_LIMIT
     num_tokens = T.dynamic("num_tokens", "int64")
     num_blocks = T.dynamic("num_blocks", "int64")  # P
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
@@ -121,6 +159,9 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             k_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
             v_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
             warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
+            # w of the resident steps, each thread its own piece as two 16-byte halves (element
+            # e of the piece at [.., e // 4, lane, e % 4]: a warp's 16-byte reads are contiguous)
+            w_s = T.alloc_shared((HC, max(len(resident), 1), 2, LANES, 4), T.float32)
             gv = T.alloc_local((PIECE,), T.bfloat16)
             vv = T.alloc_local((PIECE,), T.bfloat16)
             xv = T.alloc_local((PIECE,), T.bfloat16)
@@ -153,6 +194,11 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
             # ---- the chunk's first token in flight: g and v (one group), then x and k piece by piece
             # (one group per piece), the order in which the token uses them
             if t_start < t_end:
+                # the resident steps' w (the thread's own pieces; landed by the first token's step 1)
+                for n in T.unroll(num_res):
+                    for half in T.unroll(2):
+                        T.evaluate(cp_async.copy16(w_s[c, n, half, lane, 0],
+                                                   weight_fused[c, (n * steps) // num_res * LANES + lane, half * 4]))
                 for j in T.unroll(steps):
                     T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t_start, c, j * LANES + lane, 0]))
                 for m in T.unroll(share):
@@ -203,9 +249,10 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                     dl = dl + T.shfl_xor(dl, 16 >> s)
                 if tid % WARP == 0:
                     warp_sums[warp] = dl
-                # w of step 3's first piece: its L2 latency under the barrier
-                for i in T.vectorized(PIECE):
-                    wn[i] = weight_fused[c, lane, i]
+                # w of step 3's first loaded piece: its L2 latency under the barrier
+                if len(loaded) > 0:
+                    for i in T.vectorized(PIECE):
+                        wn[i] = weight_fused[c, loaded[0] * LANES + lane, i]
                 # every read of v and of other threads' g for this token is done past this barrier
                 T.sync_threads()
                 dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
@@ -226,11 +273,16 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
                             T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
                 for j in T.unroll(steps):
                     p = j * LANES + lane
-                    for i in T.vectorized(PIECE):
-                        wv[i] = wn[i]
-                    if j + 1 < steps:
+                    if _any_equal(j, resident):  # resident: from shared memory
+                        for half in T.unroll(2):
+                            for i in T.vectorized(4):
+                                wv[half * 4 + i] = w_s[c, _lookup(j, slot), half, lane, i]
+                    else:  # loaded a loaded piece ahead; the next loaded piece's w goes out now
                         for i in T.vectorized(PIECE):
-                            wn[i] = weight_fused[c, p + LANES, i]
+                            wv[i] = wn[i]
+                        if _any_equal(j, list(after)):
+                            for i in T.vectorized(PIECE):
+                                wn[i] = weight_fused[c, _lookup(j, after) * LANES + lane, i]
                     # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
                     cp_async.wait(steps - 1 - j)
                     for i in T.vectorized(PIECE):
