@@ -25,15 +25,17 @@ lane ``l`` adds its squares in ``(i, e)`` order from +0, the 32 lanes of a group
 (xor 16, 8, 4, 2, 1: IEEE addition is commutative, so both lanes of a pair hold the reference's
 sum), the 8 group sums in the tree above.
 
-Layout: a tile of ``TOKENS`` (64) tokens is one block of 128 threads (one warpgroup), or a
-cluster of ``cluster`` blocks (static: 1, 2, 4 or 8) that split the 8 phases between them.  A
-block walks its phases' steps in one pipelined loop: the tile's 64 x 128 bf16 slice of x, the
-24 x 128 float32 slice of ``mhc_fn`` and the 128 norm weights go to shared memory by
-``cp.async`` (a ring of ``STAGES`` slots, issued ``STAGES - 1`` steps ahead; every thread later
-reads only what it copied itself, so one barrier per step suffices); each thread turns its own
-W pieces into ``hi``/``lo`` bf16 in a double-buffered B tile; after a proxy fence and the
-step's barrier the warpgroup runs ``T.gemm`` (wgmma on sm_90a, mma.sync on sm_100a) and every
-thread adds its 16 tokens' squares of its lane.  A phase ends with the accumulator dumped to
+Layout: a tile of ``TOKENS`` (64) tokens is one block of 256 threads (8 warps, two per
+scheduler), or a cluster of ``cluster`` blocks (static: 1, 2, 4 or 8) that split the 8 phases
+between them.  A block walks its phases' steps in one pipelined loop: the tile's 64 x 128 bf16
+slice of x, the 24 x 128 float32 slice of ``mhc_fn`` and the 128 norm weights go to shared
+memory by ``cp.async`` (a ring of ``STAGES`` slots, issued ``STAGES - 1`` steps ahead; every
+thread later reads only what it copied itself before the step's barrier, so one barrier per
+step suffices); each thread turns its own W pieces into ``hi``/``lo`` bf16 in a double-buffered
+B tile; after the step's barrier the block runs ``T.gemm`` as mma.sync m16n8k16 on both archs
+(wgmma disabled: its operands are read by ldmatrix, generic loads, so no proxy fence sits in
+the loop; warps 4 x 2 over M x N, k-steps of 16 in order) and every thread adds its 8 tokens'
+squares of its lane.  A phase ends with the accumulator dumped to
 shared memory and each output's ``hi + lo`` and each token's lane-group square sum stored as
 that phase's partials; the last step's partials meet (through distributed shared memory in a
 cluster) in the fixed tree.  K is a run-time value (a multiple of 1024); ``mhc_mult`` and
@@ -53,21 +55,27 @@ SPAN = LANES * PIECE  # K must be a multiple of this
 GROUP = 32  # lanes per lane group (one phase)
 GROUPS = LANES // GROUP  # 8
 CHUNK = GROUP * PIECE  # K elements per step (128)
-TOKENS = 64  # tokens per tile (the wgmma M)
-THREADS = 128  # one warpgroup
+TOKENS = 64  # tokens per tile (4 warps of m16 along M)
+THREADS = 256  # two warpgroups (8 warps: two per scheduler)
 WARPS = THREADS // WARP
-TOKENS_PER_WARP = TOKENS // WARPS  # 16 tokens' squares per thread
+TOKENS_PER_WARP = TOKENS // WARPS  # 8 tokens' squares per thread
 STAGES = 4  # ring slots
 CLUSTERS = (1, 2, 4, 8)
 # Every shared-memory barrier is placed by hand (one per step, one at a phase end, the final
 # ones) and every index is in bounds by construction (x rows past the end clamp to the last
 # token): TileLang's automatic barriers and guards would add more per step.
+# The MMA is mma.sync on both archs (wgmma off): its operands are read by ordinary ldmatrix
+# loads, so no generic-to-async proxy fence is needed between the cp.async / st.shared writes
+# of a step and its MMA.
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
-                "tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True}
+                "tl.disable_thread_storage_sync": True, "tl.disable_safe_memory_legalize": True,
+                "tl.disable_wgmma": True}
 
 # cp.async of 16 bytes (L2 only) from a byte offset of a base pointer, its group fences (the
 # wait leaves STAGES - 2 groups pending) and the generic-to-async proxy fence that makes a
-# thread's shared-memory writes (cp.async and st.shared) visible to the next wgmma
+# thread's shared-memory writes (cp.async and st.shared) visible to a wgmma (emitted only where
+# T.gemm lowers to wgmma: sm_90a without "tl.disable_wgmma", i.e. a caller lowering this
+# factory under other pass configs)
 ASYNC_SOURCE = r"""
 __device__ __forceinline__ void tka_normfn_cp16(void* dst, const void* base, long long offset) {
   unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -84,6 +92,19 @@ __device__ __forceinline__ void tka_normfn_proxy_fence() {
 #endif
 }
 """
+
+
+def _uses_wgmma() -> bool:
+    """Whether ``T.gemm`` lowers to wgmma here: sm_90a with wgmma not disabled in the pass context
+    the factory runs under (aot/lower.py enters ``PASS_CONFIGS`` and the target first).  Only
+    then do the step's shared-memory writes need the proxy fence before the MMA reads them."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda" or str(target.attrs.get("arch", "")) != "sm_90a":
+        return False
+    ctx = tvm.transform.PassContext.current()
+    return not bool(ctx.config.get("tl.disable_wgmma", False))
 
 
 def host_constants(mhc_mult, cluster):
@@ -122,14 +143,16 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
     cols = m3 + 1  # per token and phase: the m3 dot partials and the square sum
     phases = GROUPS // cluster  # lane groups per block
     x_chunks = CHUNK * 2 // 16  # 16-byte pieces of a token row's step slice (16)
-    x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (8)
-    x_rows = THREADS // x_chunks  # token rows one pass covers (8)
+    x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (4)
+    x_rows = THREADS // x_chunks  # token rows one pass covers (16)
     w_chunks = CHUNK * 4 // 16  # 16-byte pieces of a W row's step slice (32)
     assert (m3 * w_chunks) % THREADS == 0 and w_chunks == WARP
-    w_passes = m3 * w_chunks // THREADS  # W copies per thread and step (6)
-    w_rows = THREADS // w_chunks  # W rows one pass covers (4)
-    outs_per_thread = TOKENS * m3 // THREADS  # phase-end partials per thread (12)
+    w_passes = m3 * w_chunks // THREADS  # W copies per thread and step (3)
+    w_rows = THREADS // w_chunks  # W rows one pass covers (8)
+    outs_per_thread = TOKENS * m3 // THREADS  # phase-end partials per thread (6)
     assert TOKENS * m3 % THREADS == 0
+    assert x_passes * THREADS == TOKENS * x_chunks and w_passes * THREADS == m3 * w_chunks
+    wgmma = _uses_wgmma()
     source = ASYNC_SOURCE + (CLUSTER_LOAD_SOURCE if cluster > 1 else "")
     num_tokens = T.dynamic("num_tokens", "int64")
     chunks = T.dynamic("chunks")  # K / CHUNK
@@ -169,7 +192,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
             T.assume(chunks % GROUPS == 0)
             tid = T.get_thread_binding()
             a = tid % WARP  # the lane within the lane group (squares)
-            warp = tid // WARP  # tokens warp * 16 .. + 15 (squares)
+            warp = tid // WARP  # tokens warp * 8 .. + 7 (squares)
             wc = tid % w_chunks  # this thread's W piece: columns 4 wc .. 4 wc + 3
             rank = block_rank_in_cluster() if cluster > 1 else 0
             t0 = T.Cast("int64", bid // cluster) * TOKENS
@@ -254,10 +277,12 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                         wb[s % 2, tid // w_chunks + q * w_rows, wc * 4 + e] = hb[e]
                     for e in T.vectorized(PIECE):
                         wb[s % 2, m3 + tid // w_chunks + q * w_rows, wc * 4 + e] = lb[e]
-                # this thread's shared writes (its x copies, its B pieces) visible to the async
-                # proxy; then everyone's are in, and everyone is done with step s - 1 (its ring
-                # slot, the last phase end's reads of dump)
-                T.evaluate(T.call_extern("void", "tka_normfn_proxy_fence"))
+                # (wgmma only: this thread's shared writes visible to the async proxy); then
+                # everyone's x copies and B pieces are in, and everyone is done with step s - 1
+                # (its ring slot, its ldmatrix reads of B buffer (s - 1) % 2, the last phase
+                # end's reads of dump)
+                if wgmma:
+                    T.evaluate(T.call_extern("void", "tka_normfn_proxy_fence"))
                 T.sync_threads()
                 if s + STAGES - 1 < steps:
                     # into the slot step s - 1 used
@@ -271,7 +296,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
 
                 T.gemm(xs[s % STAGES, :, :], wb[s % 2, :, :], acc, transpose_B=True)
 
-                # squares of lane a of tokens warp * 16 + k, in e order
+                # squares of lane a of tokens warp * 8 + k, in e order
                 for k in T.unroll(TOKENS_PER_WARP):
                     for e in T.vectorized(PIECE):
                         xv[e] = xs[s % STAGES, warp * TOKENS_PER_WARP + k, a * PIECE + e]
