@@ -112,9 +112,12 @@ def mhc_pre_big_fuse_kernel(mhc_mult):
                     for m in T.unroll(M):
                         for u in T.vectorized(PIECE):
                             xs[m, u] = residual[token, m, piece, u]
+                    # every mix load first (the sigmoids' division slow paths would keep the
+                    # compiler from hoisting them), then the sigmoids
                     for m in T.unroll(M):
-                        z = T.ieee_add(T.ieee_mul(mixes[token, m], mhc_scale[0]), mhc_base[m])
-                        w[m] = T.ieee_add(sigmoid(z), mhc_pre_eps)
+                        w[m] = T.ieee_add(T.ieee_mul(mixes[token, m], mhc_scale[0]), mhc_base[m])
+                    for m in T.unroll(M):
+                        w[m] = T.ieee_add(sigmoid(w[m]), mhc_pre_eps)
                     for u in T.unroll(PIECE):
                         acc[u] = apply_mix_value(xs, w, u, M)
                     for u in T.vectorized(PIECE):
