@@ -36,7 +36,7 @@ from tilelang import language as T
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.mhc import streams
 from kernels_tl.mhc.mix_math import sigmoid
-from kernels_tl.mhc.sinkhorn_math import lane_coords, lane_normalize, lane_softmax, lanes_per_matrix
+from kernels_tl.mhc.sinkhorn_math import lane_coords, lane_sinkhorn, lanes_per_matrix
 from kernels_tl.mhc.stream_math import apply_mix_value
 from kernels_tl.mhc.streams import MIN_BLOCKS_PER_SM, PIECE, THREADS
 
@@ -89,12 +89,7 @@ def mhc_pre_big_fuse_kernel(mhc_mult):
                     if lane < M:
                         z = T.ieee_add(T.ieee_mul(mixes[token, M + lane], mhc_scale[1]), mhc_base[M + lane])
                         post_mix[token, lane] = T.ieee_mul(sigmoid(z), mhc_post_mult_value)
-                lane_softmax(v, r, i, M, lanes)
-                v[0] = T.ieee_add(v[0], eps)
-                lane_normalize(v, r, j, M, M, lanes, eps)  # columns
-                for _ in T.serial(repeat - 1):
-                    lane_normalize(v, r, i * M, 1, M, lanes, eps)  # rows
-                    lane_normalize(v, r, j, M, M, lanes, eps)  # columns
+                lane_sinkhorn(v, r, i, j, M, lanes, repeat, eps)
                 if token < num_tokens and lane < nn:
                     comb_mix[token, e] = v[0]
             else:
