@@ -28,7 +28,7 @@ _SAMPLES = [
     # a partial last block in both parts of the grid (77 tokens: 4 Sinkhorn blocks of 16 tokens,
     # the last with 13; 77 * 128 pieces = 38.5 blocks of 256)
     Sample("tails: 77 tokens, hidden 1024", 77, _args(1024)),
-    Sample("3 tokens, hidden 256", 3, _args(256)),
+    Sample("5 tokens, hidden 256", 5, _args(256)),
     # sinkhorn_repeat 1: the loop of row and column steps runs zero times
     Sample("options: sinkhorn_repeat=1, n_splits=1", 300, _args(2560, repeat=1), {"n_splits": 1}),
 ]
