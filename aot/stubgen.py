@@ -133,8 +133,13 @@ def generate_args_header(kernel: str, schema, kernel_manifest: dict, source: str
     for op in schema.ops:
         L.append(f"\n// {op.module}.{text_signature(op)}\nnamespace {op.name} {{\n")
         L.append("struct Args {\n" + "".join(f"  {f}\n" for f in _arg_fields(op)) + "};\n")
-        L.append("struct OutSpecs {\n" + "".join(f"  OutSpec& {o.name};\n" for o in op.outs) + "};\n")
-        L.append("struct Outs {\n" + "".join(f"  const TensorArg& {o.name};\n" for o in op.outs) + "};\n")
+        bufs = list(op.outs) + list(op.scratch)
+        L.append("struct OutSpecs {\n" + "".join(f"  OutSpec& {o.name};\n" for o in bufs) + "};\n")
+        L.append("struct Outs {\n" + "".join(f"  const TensorArg& {o.name};\n" for o in bufs) + "};\n")
+        L.append("// The op's host path without Python, for another folder's host side (e.g. its prologue):\n"
+                 "// plan, config lookup, launch on `stream` of `device`, writing `o` (laid out as `outputs`\n"
+                 "// gives them; the caller allocates them).  False with a Python error set, nothing launched.\n"
+                 "bool run(const char* op, const Args& a, const Outs& o, int device, void* stream);\n")
         L.append(f"}}  // namespace {op.name}\n")
     L.append(f"\n}}  // namespace {ns}\n")
     return "".join(L)
@@ -293,9 +298,11 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
     # how messages name each tensor view: a pair's scale factors are "<name>'s sf"
     labels = [n[:-3] + "'s sf" if n.endswith("_sf") and n[:-3] in tensors else n for n in tensors]
     nout = len(op.outs)
-    if nout > 8:
-        raise ValueError(f"{qual}: at most 8 outputs")
-    L = [f"static inline PyObject* {fid}_body(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n",
+    nbuf = nout + len(op.scratch)  # the outputs, then the scratch buffers
+    if nbuf > 8:
+        raise ValueError(f"{qual}: at most 8 outputs and scratch buffers")
+    L = [] if not prebuilt else _launch_and_run(op, ns, fid)
+    L += [f"static inline PyObject* {fid}_body(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {{\n",
          f"  namespace F = {ns}::{op.name};\n",
          f"  static const char* const op = {cpp_string(qual)};\n",
          f"  static const char* const names[] = {{{', '.join(cpp_string(n) for n in names)}}};\n",
@@ -307,6 +314,8 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
         L += _parse_param(i, p, qual)
     if not prebuilt:
         L.append("  (void)a;\n  not_prebuilt(op, \"any configuration of this op\", kPrebuilt);\n  return nullptr;\n}\n")
+        L.append(f"bool {ns}::{op.name}::run(const char* op, const Args&, const Outs&, int, void*) {{\n"
+                 "  return not_prebuilt(op, \"any configuration of this op\", kPrebuilt);\n}\n")
         return "".join(L) + _op_entry(op, fid, qual)
     # the host side's plan, then the config lookup (before any device work: a machine
     # without a GPU reports an unbuilt configuration too)
@@ -327,27 +336,25 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
              "kArchs[arch].name); return nullptr; }\n")
     # the current stream, asked once: outputs are allocated for it and the kernel runs on it
     L.append("  void* stream;\n  if (!current_stream(op, device, &stream)) return nullptr;\n")
-    if nout:
-        L.append(f"  OutSpec specs[{nout}];\n")
-        L.append(f"  F::OutSpecs s{{{', '.join(f'specs[{k}]' for k in range(nout))}}};\n")
+    if nbuf:
+        L.append(f"  OutSpec specs[{nbuf}];\n")
+        L.append(f"  F::OutSpecs s{{{', '.join(f'specs[{k}]' for k in range(nbuf))}}};\n")
         L.append("  F::outputs(a, p, s);\n")
-        L.append(f"  static const char* const out_names[] = {{{', '.join(cpp_string(o.name) for o in op.outs)}}};\n")
-        L.append(f"  Output outs[{nout}];\n")
-        L.append(f"  if (!make_outputs(op, {nout}, out_names, v + {npos}, specs, device, stream, outs)) return nullptr;\n")
+        L.append(f"  static const char* const out_names[] = "
+                 f"{{{', '.join(cpp_string(o.name) for o in list(op.outs) + list(op.scratch))}}};\n")
+        L.append(f"  Output outs[{nbuf}];\n")
+        given = f"v + {npos}"
+        if op.scratch:  # no caller's tensor for a scratch buffer
+            L.append(f"  PyObject* given[{nbuf}] = {{{', '.join([f'v[{npos + k}]' for k in range(nout)] + ['nullptr'] * len(op.scratch))}}};\n")
+            given = "given"
+        L.append(f"  if (!make_outputs(op, {nbuf}, out_names, {given}, specs, device, stream, outs)) return nullptr;\n")
         L.append(f"  static const char* const input_names[] = {{{', '.join(cpp_string(n) for n in labels)}}};\n")
         L.append(f"  const TensorArg* const inputs[] = {{{', '.join(f'&a.{n}' for n in tensors)}}};\n")
         L.append(f"  if (!check_no_overlap(op, {nout}, out_names, v + {npos}, outs, {len(tensors)}, input_names, inputs)) "
                  "return nullptr;\n")
-    outs = ", ".join(f"outs[{k}].t" for k in range(nout))
-    if op.launches:  # chained launches: the host side's count, kernel_args per launch index
-        L.append("  if (F::needs_launch(p)) {\n    const int64_t launches = F::launches(p);\n"
-                 "    for (int64_t j = 0; j < launches; ++j) {\n      KernelArgs ka{};\n")
-        L.append(f"      if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka, j)) return nullptr;\n")
-        L.append("      if (!launcher(op, device, stream, ka)) return nullptr;\n    }\n  }\n")
-    else:
-        L.append("  if (F::needs_launch(p)) {\n    KernelArgs ka{};\n")
-        L.append(f"    if (!F::kernel_args(op, a, p, kConstants[cfg], F::Outs{{{outs}}}, ka)) return nullptr;\n")
-        L.append("    if (!launcher(op, device, stream, ka)) return nullptr;\n  }\n")
+    outs = ", ".join(f"outs[{k}].t" for k in range(nbuf))
+    L.append(f"  if (F::needs_launch(p) && !launch_{fid}(op, a, p, cfg, launcher, F::Outs{{{outs}}}, device, stream)) "
+             "return nullptr;\n")
     index = {o.name: k for k, o in enumerate(op.outs)}
     if not op.returns:
         L.append("  Py_RETURN_NONE;\n")
@@ -367,6 +374,33 @@ def _op_function(op: Op, ns: str, prebuilt: bool = True) -> str:
         L.append("  return result;\n")
     L.append("}\n")
     return "".join(L) + _op_entry(op, fid, qual)
+
+
+def _launch_and_run(op: Op, ns: str, fid: str) -> list:
+    """An op's launch (the host side's prologue, then the kernel's launch or chained launches) and its
+    Python-free ``run`` (args.h), which plans, finds the config and launches into given outputs."""
+    L = [f"static bool launch_{fid}(const char* op, const {ns}::{op.name}::Args& a, const {ns}::{op.name}::Plan& p, "
+         f"int cfg, Launcher launcher, const {ns}::{op.name}::Outs& o, int device, void* stream) {{\n",
+         f"  namespace F = {ns}::{op.name};\n"]
+    prologue = "  if (!F::prologue(op, a, p, o, device, stream)) return false;\n" if op.prologue else ""
+    if op.launches:  # chained launches: the host side's count, kernel_args per launch index
+        L.append(prologue + "  const int64_t launches = F::launches(p);\n  for (int64_t j = 0; j < launches; ++j) {\n"
+                 "    KernelArgs ka{};\n    if (!F::kernel_args(op, a, p, kConstants[cfg], o, ka, j)) return false;\n"
+                 "    if (!launcher(op, device, stream, ka)) return false;\n  }\n  return true;\n}\n")
+    else:  # the kernel's arguments (and their checks) before the prologue launches anything
+        L.append("  KernelArgs ka{};\n  if (!F::kernel_args(op, a, p, kConstants[cfg], o, ka)) return false;\n" + prologue +
+                 "  return launcher(op, device, stream, ka);\n}\n")
+    L.append(f"bool {ns}::{op.name}::run(const char* op, const Args& a, const Outs& o, int device, void* stream) {{\n"
+             "  Plan p;\n  Config c;\n  if (!plan(op, a, p, c)) return false;\n"
+             "  const int cfg = find_config(c);\n"
+             "  if (cfg < 0) return not_prebuilt(op, wanted(c).c_str(), kPrebuilt);\n"
+             "  if (!needs_launch(p)) return true;\n"
+             "  const int arch = device_arch(op, device);\n  if (arch < 0) return false;\n"
+             "  const Launcher launcher = kLaunch[cfg][arch];\n"
+             "  if (launcher == nullptr) return runtime_error(op, \"this build has no %s kernel for this configuration\", "
+             "kArchs[arch].name);\n"
+             f"  return launch_{fid}(op, a, p, cfg, launcher, o, device, stream);\n}}\n")
+    return L
 
 
 def _op_entry(op: Op, fid: str, qual: str) -> str:

@@ -335,6 +335,12 @@ class Op:
     long tensor list in chained launches): its ``launches(plan)`` gives the count and its
     ``kernel_args`` takes the launch index as a last argument; the launches run in order on the
     call's stream.
+    ``scratch``: :class:`Out` declarations (same expressions) of buffers the call allocates for
+    its kernels alone, with its outputs: no parameter, never returned; the host side sees them
+    after the outputs in ``OutSpecs`` (its ``outputs`` fills them) and ``Outs``.
+    ``prologue``: the host side launches other kernels first, on the call's stream (e.g. another
+    folder's op through its generated ``run``): its ``prologue(op, a, p, o, device, stream)`` runs
+    right before the kernel's launch, after ``needs_launch``.
     """
 
     module: str
@@ -352,6 +358,8 @@ class Op:
     wrapper: Optional[str] = None
     tolerance: dict = field(default_factory=dict)
     launches: bool = False
+    scratch: Sequence = ()
+    prologue: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,19 @@ def lane_normalize(v, r, first, stride, n, width, eps):
 
 
 @T.macro
+def lane_sinkhorn(v, r, i, j, n, width, repeat, eps):
+    """The whole forward on this lane's element ``v[0]`` (row ``i``, column ``j``), as
+    ``sinkhorn_normalize`` computes it: the row softmax, ``+ eps``, a column step, then
+    ``repeat - 1`` row and column steps."""
+    lane_softmax(v, r, i, n, width)
+    v[0] = T.ieee_add(v[0], eps)
+    lane_normalize(v, r, j, n, n, width, eps)  # columns
+    for _ in T.serial(repeat - 1):
+        lane_normalize(v, r, i * n, 1, n, width, eps)  # rows
+        lane_normalize(v, r, j, n, n, width, eps)  # columns
+
+
+@T.macro
 def lane_step_bwd(g, u, d, r, first, stride, n, width):
     """Backward of one step ``v = u / d`` (``d`` = the step's sum + eps, this lane's):
     ``g[0] = (g[0] - sum(g * u) / d) / d``, the sum over the lanes as in ``lane_normalize``."""

@@ -36,14 +36,19 @@ def test_sources_cover_every_reference_name():
 
 
 def test_a_composition_runs_its_steps_on_the_kernels():
-    """``mhc_pre_big_fuse`` has no kernel of its own: its reference's steps (norm-fn, split,
-    Sinkhorn, apply) resolve to the built kernels, and on CPU tensors (which the kernels do not
-    take) the composition still gives the reference's values."""
+    """``mhc_pre_big_fuse`` in a build without its own kernel: its reference's steps (norm-fn,
+    split, Sinkhorn, apply) resolve to the built kernels, and on CPU tensors (which the kernels do
+    not take) the composition still gives the reference's values.  In a build with the fused
+    kernel, ``impl`` takes that instead; the composition is then built here the same way."""
     steps = {"mhc_pre_norm_fn", "mhc_pre_split_mixes", "sinkhorn_normalize", "mhc_pre_apply_mix"}
-    if "mhc_pre_big_fuse" in _built() or not steps <= _built():
-        pytest.skip("this build has a fused mhc_pre_big_fuse kernel, or lacks one of its steps")
-    assert _impl.sources()["mhc_pre_big_fuse"] == "kernel steps"
-    composed = _impl.impl.mhc_pre_big_fuse
+    if not steps <= _built():
+        pytest.skip("this build lacks one of mhc_pre_big_fuse's steps")
+    if "mhc_pre_big_fuse" in _built():
+        assert _impl.sources()["mhc_pre_big_fuse"] == "kernel"
+        composed = _impl._over_kernels(ref.mhc_pre_big_fuse, _impl._kernel_steps(ref.mhc_pre_big_fuse))
+    else:
+        assert _impl.sources()["mhc_pre_big_fuse"] == "kernel steps"
+        composed = _impl.impl.mhc_pre_big_fuse
     assert composed.__globals__["mhc_pre_norm_fn"] is _impl.impl.mhc_pre_norm_fn
     gen = torch.Generator().manual_seed(7)
     m, h = 4, 64
@@ -164,3 +169,23 @@ def test_norm_fn_backward_runs_its_k_wide_part_on_the_kernel():
     want = ref.mhc_pre_norm_fn_bwd_mul(ug, sg, res[0], fn, acc[0])
     assert got[0].shape == res[0].shape and got[1].shape == fn.shape
     assert all(torch.equal(g, v) for g, v in zip(got, want))
+
+
+def test_the_fused_pre_path_kernel_takes_the_modeling_call():
+    """With the fused ``mhc_pre_big_fuse`` kernel built, ``ops.mhc_pre_big_fuse`` is it (leading dims
+    flattened and restored); a call it does not take (CPU tensors) gives the reference's values in
+    the reference's shapes."""
+    if "mhc_pre_big_fuse" not in _built():
+        pytest.skip("this build has no fused mhc_pre_big_fuse kernel")
+    from tile_kernels_aot.modeling.mhc.ops import mhc_pre_big_fuse
+
+    assert _impl.sources()["mhc_pre_big_fuse"] == "kernel"
+    gen = torch.Generator().manual_seed(11)
+    m, h = 4, 256
+    res = torch.randn(2, 3, m, h, generator=gen).bfloat16()
+    fn = torch.randn(m * (m + 2), m * h, generator=gen) * 0.01
+    scale, base = torch.rand(3, generator=gen), torch.randn(m * (m + 2), generator=gen)
+    got = mhc_pre_big_fuse(res, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 10)
+    want = ref.mhc_pre_big_fuse(res, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 10)
+    assert [tuple(g.shape) for g in got] == [(2, 3, m, 1), (2, 3, m, m), (2, 3, h)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

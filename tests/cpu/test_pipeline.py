@@ -127,7 +127,8 @@ def test_stub_of_a_folder_the_table_leaves_out_compiles(tmp_path):
     folder = op_folder("engram.engram_gate_fwd")
     paths = stubgen.write_stubs(tmp_path, [(folder.kernel, folder.schema, {"configs": []}, folder.path)])
     unit = paths[0].read_text()
-    assert "host.h" not in unit and unit.count("not_prebuilt(op,") == len(folder.schema.ops)
+    # each op refuses twice: its Python entry point and its run (for other folders' host sides)
+    assert "host.h" not in unit and unit.count("not_prebuilt(op,") == 2 * len(folder.schema.ops)
     _assert_stubs_compile(paths, tmp_path)
 
 
@@ -273,7 +274,7 @@ def test_tensor_list_parameters_and_chained_launches_in_the_stub_and_the_torch_s
     assert 'check_min_ndim(op, "xs", a.xs.items[k], 1)' in unit and 'check_ndim(op, "ys", a.ys.items[k], 2)' in unit
     assert 'check_dtype(op, "ys", a.ys.items[k], {BF16})' in unit
     assert 'check_same_device(op, "ys", a.ys.items[k], device)' in unit
-    assert "const int64_t launches = F::launches(p);" in unit and ", ka, j)) return nullptr;" in unit
+    assert "const int64_t launches = F::launches(p);" in unit and ", ka, j)) return false;" in unit
     assert "TensorListArg<8> xs;" in stubgen.generate_args_header("mhc.f", schema, {"configs": []}, "schema.py")
     record = {"module": "mhc", "name": "f", "params": to_json(op.params), "outs": [], "returns": []}
     params = custom_ops.torch_params(record)
@@ -281,4 +282,51 @@ def test_tensor_list_parameters_and_chained_launches_in_the_stub_and_the_torch_s
     assert custom_ops.schemas(record, params) == ("f(Tensor x, Tensor[] xs, Tensor(a!)[] ys) -> ()", None)
     single = stubgen.generate_kernel_unit("mhc.f", Schema(static=(), ops=[Op(**{**op.__dict__, "launches": False})]),
                                           prebuilt, "mhc/f", "schema.py")
-    assert "F::launches" not in single and ", ka)) return nullptr;" in single
+    assert "F::launches" not in single and ", ka)) return false;" in single
+
+
+def test_a_prologue_launching_another_folders_op_and_scratch_buffers_in_the_stub(tmp_path):
+    """An op with ``prologue`` and ``scratch`` (``mhc.mhc_pre_big_fuse``: ``mhc_pre_norm_fn``'s kernel
+    into a scratch buffer, then its own): the scratch buffer is allocated with the outputs (no caller's
+    tensor, no parameter), the host side's prologue runs after kernel_args and before the launch, and
+    the other folder's generated ``run`` (declared in its args.h, defined in its unit) links them; both
+    units compile warning-free."""
+    from aot import stubgen
+    from kernels_tl.folders import op_folder
+
+    def unit(params, grid):
+        build = {"arch": "sm_90a", "block": [256, 1, 1], "cluster": [1, 1, 1], "cubin": "sm_90a/x.cubin",
+                 "dyn_smem": "0", "entry": "k", "grid": grid, "pdl": True, "sha256": "0" * 64, "size": 1,
+                 "params": [{"name": n, "kind": k} for n, k in params]}
+        return build
+
+    ptr, i32, i64, f32 = "ptr", "int32", "int64", "float32"
+    norm = op_folder("mhc.mhc_pre_norm_fn")
+    fused = op_folder("mhc.mhc_pre_big_fuse")
+    norm_build = unit([("mhc_fn", ptr), ("mhc_norm_weight", ptr), ("out", ptr), ("residual", ptr), ("chunks", i32),
+                       ("eps", f32), ("features", f32), ("has_weight", i32), ("num_tokens", i64)],
+                      ["floordiv((num_tokens + 63), 64)", "1", "1"])
+    fused_build = unit([("comb_mix", ptr), ("layer_input", ptr), ("mhc_base", ptr), ("mhc_scale", ptr), ("mixes", ptr),
+                        ("post_mix", ptr), ("residual", ptr), ("eps", f32), ("mhc_post_mult_value", f32),
+                        ("mhc_pre_eps", f32), ("num_tokens", i32), ("pieces", i32), ("repeat", i32)],
+                       ["(floordiv(((num_tokens * pieces) + 255), 256) + floordiv((num_tokens + 15), 16))", "1", "1"])
+    units = [
+        (norm.kernel, norm.schema, {"configs": [{"config": {"mhc_mult": 4, "cluster": c}, "key": f"cluster={c},mhc_mult=4",
+                                                 "constants": {"span": 1024, "tokens_per_block": 64},
+                                                 "builds": {"sm_90a": norm_build}} for c in (1, 2, 4, 8)]}, norm.path),
+        (fused.kernel, fused.schema, {"configs": [{"config": {"mhc_mult": 4}, "key": "mhc_mult=4",
+                                                   "constants": {"mix_tokens_per_block": 16, "threads": 256},
+                                                   "builds": {"sm_90a": fused_build}}]}, fused.path),
+    ]
+    paths = stubgen.write_stubs(tmp_path, units)
+    text = (tmp_path / "mhc_mhc_pre_big_fuse.cc").read_text()
+    assert "PyObject* given[4] = {v[10], v[11], v[12], nullptr};" in text
+    assert 'out_names[] = {"post_mix", "comb_mix", "layer_input", "mixes"}' in text
+    assert "check_no_overlap(op, 3, out_names" in text
+    body = text[text.index("static bool launch_op_mhc_mhc_pre_big_fuse"):]
+    assert body.index("F::kernel_args(") < body.index("F::prologue(") < body.index("return launcher(")
+    args_h = (tmp_path / "include" / "mhc" / "mhc_pre_norm_fn" / "args.h").read_text()
+    assert "bool run(const char* op, const Args& a, const Outs& o, int device, void* stream);" in args_h
+    assert "bool tka::mhc_mhc_pre_norm_fn::mhc_pre_norm_fn::run(" in (tmp_path / "mhc_mhc_pre_norm_fn.cc").read_text()
+    assert stubgen.text_signature(fused.schema.ops[0]).endswith("*, post_mix=None, comb_mix=None, layer_input=None)")
+    _assert_stubs_compile([p for p in paths if p.name.startswith("mhc_")], tmp_path)

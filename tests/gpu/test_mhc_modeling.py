@@ -1,17 +1,18 @@
-"""The mHC modeling paths on the GPU: ``mhc_pre_big_fuse`` (no kernel of its own in this build)
-runs its reference's composition with each step on its kernel, and one decoder layer's mHC path
-(``mhc_pre`` -> a stand-in sublayer -> ``mhc_post``, as ``tile_kernels_aot.modeling_paths`` times
-it) gives the same bits captured in a CUDA graph as eagerly.
+"""The mHC modeling paths on the GPU: ``mhc_pre_big_fuse`` (its own two-launch kernel where the
+build has it, else its reference's composition with each step on its kernel), and one decoder
+layer's mHC path (``mhc_pre`` -> a stand-in sublayer -> ``mhc_post``, as
+``tile_kernels_aot.modeling_paths`` times it) gives the same bits captured in a CUDA graph as eagerly.
 
-The composition is checked bit for bit against the same four kernels called one by one, and
-against the reference chain within ``mhc_pre_norm_fn``'s stated tolerance (its kernel sums the
-projection in another order than the reference: docs/ops.md), propagated through the later steps.
+``mhc_pre_big_fuse`` is checked bit for bit against the four kernels it fuses called one by one
+(every sample of the kernel, and through the modeling path), and against the reference chain within
+``mhc_pre_norm_fn``'s stated tolerance (its kernel sums the projection in another order than the
+reference: docs/ops.md), propagated through the later steps.
 """
 
 import pytest
 import torch
 
-from tile_kernels_aot import modeling_paths
+from tile_kernels_aot import manifest, modeling_paths, samples
 from tile_kernels_aot.modeling.mhc.ops import _impl
 from tile_kernels_aot.torch import mhc as ref
 
@@ -31,9 +32,48 @@ def _needs_steps():
         pytest.skip(f"no prebuilt mhc_pre_norm_fn for hidden {modeling_paths.MHC_HIDDEN}")
 
 
+def _chained_kernels(mhc, residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult, repeat, n_splits=16):
+    """``mhc_pre_big_fuse``'s four steps, each on its own kernel."""
+    mixes = mhc.mhc_pre_norm_fn(residual, fn, None, rms_eps, n_splits=n_splits)
+    pre, post, comb = mhc.mhc_pre_split_mixes(mixes, scale, base, residual.shape[1], post_mult, pre_eps)
+    comb = mhc.sinkhorn_normalize(comb, repeat=repeat, eps=sinkhorn_eps)
+    return post, comb, mhc.mhc_pre_apply_mix(residual, pre)
+
+
+_FUSED = next((r for r in manifest.ops() if r["name"] == "mhc_pre_big_fuse"), None)
+_FUSED_SAMPLES = _FUSED["samples"] if _FUSED else []
+
+
+@pytest.mark.parametrize("sample", _FUSED_SAMPLES, ids=[s["name"] for s in _FUSED_SAMPLES])
+def test_pre_big_fuse_kernel_equals_the_chained_kernels(sample):
+    """The fused op (norm-fn's kernel, then one kernel for split, Sinkhorn and apply) gives the bits
+    of the four kernels chained, on every sample (test_ops compares it with the reference)."""
+    from tile_kernels_aot import mhc
+
+    for name in ("mhc_pre_big_fuse",) + STEPS:
+        if not hasattr(mhc, name):
+            pytest.skip(f"this build lacks {name}")
+    if not samples.is_prebuilt(_FUSED, sample):
+        pytest.skip("not prebuilt")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    args, kwargs = samples.make_args(sample, gen=g)
+    got = mhc.mhc_pre_big_fuse(*args, **kwargs)
+    want = _chained_kernels(mhc, *args, **kwargs)
+    for name, a, b in zip(("post_mix", "comb_mix", "layer_input"), got, want):
+        assert_bits_equal(a, b, f"{sample['name']}: {name}")
+    # into given outputs (out=), a second call on the same inputs: the same bits
+    outs = {n: torch.empty_like(t) for n, t in zip(("post_mix", "comb_mix", "layer_input"), got)}
+    again = mhc.mhc_pre_big_fuse(*args, **kwargs, **outs)
+    for name, a, b in zip(("post_mix", "comb_mix", "layer_input"), again, want):
+        assert a is outs[name]
+        assert_bits_equal(a, b, f"{sample['name']}: {name} (out=)")
+
+
 @pytest.mark.parametrize("tokens", [128, 8192])
-def test_pre_big_fuse_runs_its_steps_on_the_kernels(tokens):
+def test_pre_big_fuse_through_the_modeling_path_equals_its_steps_kernels(tokens):
+    """``ops.mhc_pre_big_fuse`` (the fused kernel where built, else the steps on their kernels)."""
     _needs_steps()
+    assert _impl.sources()["mhc_pre_big_fuse"] in ("kernel", "kernel steps")
     p = modeling_paths.mhc_inputs(tokens, seed=tokens)
     args = (p["residual"], p["fn"], p["scale"], p["base"], 1e-6, 1e-6, 1e-6, 2.0, 10)
     post, comb, layer_input = _impl.impl.mhc_pre_big_fuse(*args)

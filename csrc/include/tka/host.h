@@ -15,6 +15,11 @@
 //   int64_t launches(const Plan& p);                               // how many (>= 1)
 //   bool kernel_args(..., KernelArgs& ka, int64_t launch);         // launch `launch`'s parameters
 //
+// An op whose schema sets `prologue` launches other kernels first, on the call's stream, after
+// its kernel_args (e.g. another folder's op through that op's generated `run`, in its args.h):
+//   bool prologue(const char* op, const Args& a, const Plan& p, const Outs& o, int device, void* stream);
+// An op's `scratch` buffers follow its outputs in `OutSpecs` (set by `outputs`) and `Outs`.
+//
 // `Plan` is the host's own struct (its dims). Every function that can fail sets a Python
 // exception through the macros below and returns false; nothing has been launched then.
 #pragma once

@@ -27,7 +27,7 @@ dummy data so that the shuffles see full warps; only their load and store are ma
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.mhc.sinkhorn_math import lane_coords, lane_normalize, lane_softmax, lanes_per_matrix
+from kernels_tl.mhc.sinkhorn_math import lane_coords, lane_sinkhorn, lanes_per_matrix
 
 THREADS = 128
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
@@ -53,12 +53,7 @@ def sinkhorn_normalize_kernel(n):
             v[0] = T.float32(0)
             if token < num_tokens:
                 v[0] = x[token, e]
-            lane_softmax(v, r, i, n, lanes)
-            v[0] = T.ieee_add(v[0], eps)
-            lane_normalize(v, r, j, n, n, lanes, eps)  # columns
-            for _ in T.serial(repeat - 1):
-                lane_normalize(v, r, i * n, 1, n, lanes, eps)  # rows
-                lane_normalize(v, r, j, n, n, lanes, eps)  # columns
+            lane_sinkhorn(v, r, i, j, n, lanes, repeat, eps)
             if token < num_tokens and lane < nn:
                 out[token, e] = v[0]
 

@@ -10,8 +10,9 @@ every name also exported here:
 
 Every forward and backward runs the prebuilt kernel of ``tile_kernels_aot.mhc`` where this
 build has it and the PyTorch reference of :mod:`tile_kernels_aot.torch.mhc` otherwise
-(``mhc_multilayer_recompute``: one fused kernel over the layers); a reference that composes
-others (``mhc_pre_big_fuse``) runs its steps on their kernels
+(``mhc_multilayer_recompute``: one fused kernel over the layers; ``mhc_pre_big_fuse``: the norm-fn
+kernel, then one kernel for split, Sinkhorn and apply); a reference that composes others, in a
+build without its own kernel, runs its steps on their kernels
 (``tile_kernels_aot.modeling.mhc.ops._impl.sources()`` lists which);
 the backward formulas are the ``*_bwd`` references, checked with ``torch.autograd.gradcheck``.
 
