@@ -19,7 +19,11 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             static_cast<long long>(p.num_tokens));
   TKA_CHECK(a.x.shape[1] % 128 == 0, "x", "must have shape [num_tokens, 2 * hidden] with 2 * hidden a multiple of 128, got %lld",
             static_cast<long long>(a.x.shape[1]));
-  TKA_CHECK(aligned(a.x.data, 4), "x", "must start 4-byte aligned (channel pairs are read as 32-bit words)");
+  if (a.without_transpose) {
+    TKA_CHECK(aligned(a.x.data, 16), "x", "must start 16-byte aligned with without_transpose (read in 16-byte pieces)");
+  } else {
+    TKA_CHECK(aligned(a.x.data, 4), "x", "must start 4-byte aligned (channel pairs are read as 32-bit words)");
+  }
   c.transposed = a.without_transpose ? 0 : 1;
   c.clamped = a.swiglu_clamp_value_is_none ? 0 : 1;
   return true;

@@ -49,6 +49,11 @@ SCHEMA = Schema(
                 # clamp the packed pairs)
                 _sample("clamp 0.3 (the select clamps), without transpose", 512, 2048, 128, without_transpose=True,
                         swiglu_clamp_value=0.3),
+                # the untransposed kernel's blocks of 32 without clamp, three channel tiles
+                _sample("blocks of 32, without transpose, hidden 192", 256, 192, 32, without_transpose=True),
+                # the untransposed clamped kernel's IEEE-divide copy
+                _sample("clamp -70 (the IEEE-divide copy), without transpose, hidden 1024", 256, 1024, 32,
+                        without_transpose=True, swiglu_clamp_value=-70.0),
             ],
             doc=("SwiGLU forward rounded to bfloat16, fused with a per-channel FP8 (e4m3) cast over blocks of "
                  "num_per_tokens (32 or 128) tokens: returns (out, out_sf), out [hidden, num_tokens] (or "
