@@ -49,11 +49,13 @@ One group per row (``max_row_hidden > 0``, row-major fp32 sf only): one
 first, then a block max.
 
 Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): the
-same lanes in a grid of at most the resident blocks, each walking row blocks and
-adding its counts once (3 atomics per block instead of per 4 rows); a warp reads
-its next row's flags one row early and has the next row brought into L2 by a bulk
-prefetch, so two rows are in flight per warp; counts and positive-bf16 clamps on
-the packed pairs.
+same lanes in a grid of at most the resident blocks (12 of 4 warps per SM, 40
+registers), each walking row blocks and adding its counts once (3 atomics per block
+instead of per 4 rows).  The kernel is issue-bound at MoE sizes, so a row costs as
+few instructions as it can: the next row's ``pos_to_expert`` is read one row early,
+counts are bf16x2 compare masks summed and decoded by one ``dp2a`` per counter and
+row, a finite positive-bf16 clamp runs on the packed pairs with a divide that skips
+the infinity check, and the group's factor divides ``a / 448`` once.
 
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
 {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
@@ -66,7 +68,7 @@ from tilelang import language as T
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import bf16x2_max_nan, max_nan
-from kernels_tl.quant_math import FAST_DIV_LIMIT, fast_quotient, scale_factor
+from kernels_tl.quant_math import FAST_DIV_LIMIT, FP8_MAX, fast_quotient, fma_rn, scale_factor
 
 WARP = 32
 GROUP = 128  # channels per scale factor (group mode)
@@ -94,16 +96,20 @@ PREFETCH_MAX_LANES = 65536
 REGISTER_CAP = {("bfloat16", "sm_90a"): 32, ("bfloat16", "sm_90a", "ue8m0_col"): 40}
 REGISTER_CAP_DEFAULT = {"bfloat16": 48, "float32": 64}
 ROW_THREADS = 256  # per-row mode: one row per block
-# Counted kernel (``plain = 2``): blocks of ROWS_PER_BLOCK warps, this many per SM (48
-# registers: the sm_100a cap of the group kernel), a grid of at most that many blocks per SM
-# (the host sizes it, see host.h), so a launch makes 3 clamp-count atomics per resident block
-# instead of 3 per 4 rows.
-COUNTED_BLOCKS_PER_SM = 10
+# Counted kernel (``plain = 2``): blocks of ROWS_PER_BLOCK warps, this many per SM (40
+# registers, 48 warps per SM as the group kernel's packed UE8M0 config), a grid of at most that
+# many blocks per SM (the host sizes it, see host.h), so a launch makes 3 clamp-count atomics
+# per resident block instead of 3 per 4 rows.
+COUNTED_BLOCKS_PER_SM = 12
+# A row's sum of eight bf16x2 compare masks starts here, so that its low half never borrows
+# (it holds COUNT_BIAS - A for A <= 8 true low halves); see count_row.
+COUNT_BIAS = 0x4000
+COUNT_DECODE = 0xFFFE  # dp2a bytes (-2, -1): -2 * low - high = A + B - 2 * COUNT_BIAS
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
+FAST_FINITE = 2  # `fast` of swiglu_values: the fast divide for l that cannot be infinite
 COUNTED = 2  # the `plain` value of the clamp-counting kernel (bf16, groups of 128)
-BF16X2_ONES = 0x00010001  # bit 0 of each half: a bf16x2 compare mask -> 1 per true half
 BF16X2_SIGNS = 0x80008000
 # l at or below which the quotient is -0 by contract (expf(-l) >= 2^126 there)
 SILU_ZERO_BELOW = -87.5
@@ -140,12 +146,11 @@ __device__ __forceinline__ unsigned tka_bf16x2_floor(float c) {
   return h | (h << 16);
 }
 """
-# The counted kernel's helpers besides DEVICE_SOURCE: bring `bytes` (a multiple of 16) from a
-# 16-byte aligned global address into L2 (a hint: nothing waits for it; the bulk-copy unit
-# fetches the range, no register is written).
+# The counted kernel's helpers besides DEVICE_SOURCE: c + lo16(a) * b0 + hi16(a) * b1 with the
+# halves of a and the two low bytes of b signed (PTX dp2a.lo), wrapping like an unsigned add.
 COUNTED_SOURCE = DEVICE_SOURCE + r"""
-__device__ __forceinline__ void tka_prefetch_bulk_l2(const void* p, int bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+__device__ __forceinline__ unsigned tka_dp2a_lo(unsigned a, unsigned b, unsigned c) {
+  unsigned d; asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
 """
 
@@ -179,11 +184,24 @@ def _denominator(xl, xr, v, k, i, half, packed, mode, swiglu_clamp_value, counts
 
 
 @T.macro
+def finite_quotient(l, d, tmp):
+    """tmp[0] = l / d as ``fast_quotient`` computes it, for an l that is not infinite (the
+    packed clamps bound it to [-88.5, c] with c finite, or NaN): the same five operations
+    after the reciprocal, without the select that keeps q0 for l = +-inf (one compare per
+    element).  NaN l gives NaN either way."""
+    tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # r0 (MUFU.RCP)
+    tmp[1] = fma_rn(tmp[1], fma_rn(-d, tmp[1], T.float32(1.0)), tmp[1])  # r1 = r0 + r0 (1 - d r0)
+    tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
+    tmp[0] = fma_rn(fma_rn(d, tmp[2], -l), -tmp[1], tmp[2])  # q0 - r1 (d q0 - l)
+
+
+@T.macro
 def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_value, tmp, fast):
     """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half.
 
     ``fast``: the divide without nvcc's range check and slow-path branch (see
     ``fast_quotient``; the caller has made sure the lane's l are in its range);
+    ``FAST_FINITE``: the same for l that cannot be infinite (``finite_quotient``);
     otherwise the IEEE divide, and -0 for l <= -87.5 as the contract says.
     """
     l = _as_float(xl, i, half, packed)
@@ -192,7 +210,10 @@ def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_valu
         l = T.Select(l > swiglu_clamp_value, swiglu_clamp_value, l)
         r = T.Select(r < -swiglu_clamp_value, -swiglu_clamp_value, r)
         r = T.Select(r > swiglu_clamp_value, swiglu_clamp_value, r)
-    if fast:
+    if fast == FAST_FINITE:
+        finite_quotient(l, v[k], tmp)
+        q = tmp[0]
+    elif fast:
         fast_quotient(l, v[k], tmp)
         q = tmp[0]
     else:
@@ -290,6 +311,36 @@ def clamp_pairs(xl, xr, num_words, c_pair):
         xl[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan", xl[p], c_pair)
         xr[p] = T.call_extern(T.uint32, "tka_bf16x2_min_nan",
                               bf16x2_max_nan(xr[p], c_pair ^ T.uint32(BF16X2_SIGNS)), c_pair)
+
+
+def _mask_sum(words, num_words, compare, bound):
+    """COUNT_BIAS plus the ``compare`` masks (0xFFFF per true bf16 half) of ``num_words``
+    packed words against ``bound``, as one wrapping uint32 sum."""
+    total = T.uint32(COUNT_BIAS)
+    for p in range(num_words):
+        total = total + T.call_extern(T.uint32, compare, words[p], bound)
+    return total
+
+
+@T.macro
+def count_row(xl, xr, num_words, c_floor, counts):
+    """Add one row's clamp counts (``l > c``, ``r > c``, ``r < -c`` over ``num_words`` packed
+    pairs, at most 8) to ``counts``, each less ``2 * COUNT_BIAS``.
+
+    ``c_floor`` is ``c`` rounded down to bf16 in both halves, so the bf16x2 compares decide
+    the float32 comparisons with ``c`` exactly; NaN compares false.  A true low half adds
+    0xFFFF = 2^16 - 1 and a true high half 0xFFFF0000 = -2^16 (mod 2^32), so the sum is
+    ``2^16 (A - B) + COUNT_BIAS - A`` for A true low and B true high halves: its low half is
+    ``COUNT_BIAS - A`` (no borrow, A <= 8) and its high half ``A - B`` (signed, |A - B| <= 8),
+    and ``dp2a`` with bytes (-2, -1) adds ``-2 (COUNT_BIAS - A) - (A - B) = A + B - 2 * COUNT_BIAS``.
+    Needs COUNTED_SOURCE imported."""
+    counts[0] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xl, num_words, "tka_bf16x2_gt", c_floor),
+                              T.uint32(COUNT_DECODE), counts[0])
+    counts[1] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xr, num_words, "tka_bf16x2_gt", c_floor),
+                              T.uint32(COUNT_DECODE), counts[1])
+    counts[2] = T.call_extern(T.uint32, "tka_dp2a_lo",
+                              _mask_sum(xr, num_words, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS)),
+                              T.uint32(COUNT_DECODE), counts[2])
 
 
 @T.macro
@@ -613,6 +664,17 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
     return body
 
 
+def _is_finite(f):
+    """The float32 ``f`` is finite (its exponent bits are not all ones)."""
+    return (T.reinterpret(f, T.uint32) & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
+
+
+def _rounds(sf_format, finite, round_sf):
+    """The factor is rounded to a power of two: always for packed UE8M0, else with round_sf;
+    only where ``a / 448`` is ``finite``."""
+    return finite if sf_format == "ue8m0_col" else T.And(finite, round_sf != 0)
+
+
 def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape, sf_dtype):
     """The clamp-counting kernel (``plain = 2``; bf16, groups of 128).
 
@@ -620,16 +682,24 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
     grid column (at most ``COUNTED_BLOCKS_PER_SM`` blocks per SM, sized by the host): warp
     ``k`` of block ``by`` takes rows ``r = 4 * by + k``, ``r + step``, ``r + 2 * step``, ...
     (``step = 4 * row_grid``) and the block adds its counts to ``clamped_count`` once at the
-    end (one block reduction, 3 atomics).  Each row's loads go out at once: its keep flag
-    (``pos_to_expert``) and ``pos_to_token_topk`` were read one row earlier, and lane 0 has
-    had the warp's two 1 KB ranges of the row brought into L2 one row earlier
-    (``cp.async.bulk.prefetch.L2``), so a warp has two rows in flight, and nothing
-    dependent stands before a row's loads.  The counts are taken on the raw bf16 pairs
-    (``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down to bf16, which decides ``l > c``
-    and ``r < -c`` exactly for bf16 values), 16-bit halves summed per row.  A clamp value
-    that is a positive bf16 (0.5, 10, ...) clamps the packed pairs with ``min.NaN`` /
-    ``max.NaN.bf16x2`` (equal to the selects there: no signed-zero or NaN bound) and runs the
-    unclamped loop; any other value the selects of ``swiglu_values``.
+    end (one block reduction, 3 atomics).  The kernel is issue-bound at MoE sizes (hidden
+    1024: about 600 warp instructions per 2 KB row piece), so a row costs as few
+    instructions as it can:
+
+    * the next row's ``pos_to_expert`` and ``pos_to_token_topk`` are read while this row is
+      computed (raw values, tested at the end of the row), so nothing dependent stands
+      before a row's loads;
+    * counts on the raw bf16 pairs: ``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down
+      to bf16 (exact for bf16 values) gives a mask of 0xFFFF per true half; a row's eight
+      masks summed from ``COUNT_BIAS`` hold ``2^16 (A - B) + COUNT_BIAS - A`` (A, B: true
+      low and high halves, at most 8 each), and one ``dp2a`` with bytes (-2, -1) adds
+      ``A + B - 2 * COUNT_BIAS`` to the lane's counter (``count_row``);
+    * a clamp value that is a finite positive bf16 (0.5, 10, ...) clamps the packed pairs
+      with ``min.NaN`` / ``max.NaN.bf16x2`` (equal to the selects there) and runs the
+      unclamped loop with ``finite_quotient`` (the clamped gates cannot be infinite); any
+      other value the selects of ``swiglu_values``;
+    * the group's factor divides ``a / 448`` once (``scale_factor`` as an expression tree
+      is divided again by each of its uses).
     """
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP
@@ -643,27 +713,6 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             swiglu_values(xl, xr, v, 0, W, True, w, True, mode, c, counts, tmp, fast)
         else:
             swiglu_values(xl, xr, v, 0, W, True, w, False, mode, c, counts, tmp, fast)
-
-    @T.macro
-    def look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx, lane,
-                   nxt, ahead):
-        """While this row's loads are in flight: bring the next row's ranges into L2 (lane 0,
-        the next row kept), read the row after next's pos_to_expert (``ahead[0]``) and the
-        next row's pos_to_token_topk (``ahead[1]``): both are used one row later, so their
-        latency hides behind this row's."""
-        if nxt and lane == 0:
-            # the warp's chunks [32 bx, min(32 bx + 32, num_chunks)): 32 bytes each, per half
-            nbytes = T.min(WARP, num_chunks - bx * WARP) * (W * 4)
-            T.evaluate(T.call_extern("void", "tka_prefetch_bulk_l2", T.address_of(x[row + step, bx * WARP * W]),
-                                     nbytes))
-            T.evaluate(T.call_extern("void", "tka_prefetch_bulk_l2",
-                                     T.address_of(x[row + step, hidden // 2 + bx * WARP * W]), nbytes))
-        ahead[0] = 0
-        if has_pos_to_expert != 0 and row < num_tokens - 2 * step:
-            ahead[0] = pos_to_expert[row + 2 * step]
-        ahead[1] = 0
-        if has_weights != 0 and row < num_tokens - step:
-            ahead[1] = pos_to_token_topk[row + step]
 
     @T.prim_func
     def swiglu_forward_and_per_token_cast(
@@ -693,76 +742,70 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             xr = T.alloc_local((W,), T.uint32)
             v = T.alloc_local((V,), T.float32)
             q = T.alloc_local((V,), T.float8_e4m3fn)
-            counts = T.alloc_local((3,), T.int32)  # the lane's totals: l > c, r > c, r < -c
-            hits = T.alloc_local((3,), T.uint32)  # one row's counts, in two 16-bit halves
-            tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
+            # the lane's counters (l > c, r > c, r < -c), each less 2 * COUNT_BIAS per row step
+            counts = T.alloc_local((3,), T.uint32)
+            totals = T.alloc_local((3,), T.int32)  # the lane's final counts
+            tmp = T.alloc_local((4,), T.float32)  # the quotients' temporaries
             count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
+            rb = T.alloc_var(T.int32)  # this step's row block
             row = T.alloc_var(T.int32)
-            step = T.alloc_var(T.int32)
             src = T.alloc_var(T.int32)
             cur = T.alloc_var(T.bool)  # this row is kept
-            nxt = T.alloc_var(T.bool)  # the next row (row + step) is kept
-            # pos_to_expert of the row after next; pos_to_token_topk of this row (read one row
-            # earlier: look_ahead)
-            ahead = T.alloc_local((2,), T.int32)
+            next_expert = T.alloc_var(T.int32)  # the next row's pos_to_expert (0 without; -1 past the end)
+            pos = T.alloc_var(T.int32)
             w = T.alloc_var(T.float32)
             c_floor = T.alloc_var(T.uint32)
             packed_clamp = T.alloc_var(T.bool)
             amax = T.alloc_var(T.float32)
+            sf_q = T.alloc_var(T.float32)  # a / 448
             sf = T.alloc_var(T.float32)
             sf_inv = T.alloc_var(T.float32)
             sf_exp = T.alloc_var(T.uint32)
             for j in T.unroll(3):
-                counts[j] = 0
+                counts[j] = T.uint32(0)
             c_floor = T.call_extern(T.uint32, "tka_bf16x2_floor", swiglu_clamp_value)
-            # c a positive bf16 value: the clamps are bf16x2 min/max on the packed words (then
-            # c_floor holds c itself)
-            packed_clamp = is_positive_bf16(swiglu_clamp_value)
+            # c a finite positive bf16 value: the clamps are bf16x2 min/max on the packed words
+            # (then c_floor holds c itself) and the clamped gates are finite
+            packed_clamp = T.And(is_positive_bf16(swiglu_clamp_value),
+                                 swiglu_clamp_value < T.float32(float("inf")))
 
-            # the first two rows' keep flags and the first row's pos_to_token_topk
-            step = row_grid * ROWS_PER_BLOCK
+            # the first row's keep flag
             row = by * ROWS_PER_BLOCK + tid // WARP
             cur = row < num_tokens
             if has_pos_to_expert != 0 and cur:
                 cur = pos_to_expert[row] >= 0
-            nxt = row < num_tokens - step
-            if has_pos_to_expert != 0 and nxt:
-                nxt = pos_to_expert[row + step] >= 0
-            ahead[1] = 0
-            if has_weights != 0 and row < num_tokens:
-                ahead[1] = pos_to_token_topk[row]
 
-            for it in T.serial(T.ceildiv(num_row_blocks - by, row_grid)):
-                row = (by + it * row_grid) * ROWS_PER_BLOCK + tid // WARP
+            # The same step count for every block (kernel parameters only): a block past the
+            # last row block in its final step stores nothing.  Every step subtracts
+            # 2 * COUNT_BIAS from each counter (count_row, or the skipped-row branch).
+            rb = by
+            while rb < num_row_blocks:
+                row = rb * ROWS_PER_BLOCK + tid // WARP
+                # the next row's pos_to_expert, tested at the end of this row (its latency hides
+                # behind the row); rows past the end are not kept
+                next_expert = -1
+                if row < num_tokens - row_grid * ROWS_PER_BLOCK:
+                    next_expert = 0
+                    if has_pos_to_expert != 0:
+                        next_expert = pos_to_expert[row + row_grid * ROWS_PER_BLOCK]
                 if cur:  # warp-uniform
-                    w = T.float32(1.0)
-                    if has_weights != 0:
-                        w = T.if_then_else(ahead[1] >= 0, topk_weights[T.max(ahead[1], 0)], T.float32(0.0))
-                    # lanes past the row read its last chunk again (and count nothing)
+                    # lanes past the row read its last chunk again (their counts are dropped)
                     src = T.min(bx * WARP + lane, num_chunks - 1)
                     for i in T.vectorized(W):
                         xl[i] = x[row, src * W + i]
                     for i in T.vectorized(W):
                         xr[i] = x[row, hidden // 2 + src * W + i]
-                    look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx,
-                               lane, nxt, ahead)
-                    for j in T.unroll(3):
-                        hits[j] = T.uint32(0)
-                    for p in T.unroll(W):
-                        hits[0] += T.call_extern(T.uint32, "tka_bf16x2_gt", xl[p], c_floor) & T.uint32(BF16X2_ONES)
-                        hits[1] += T.call_extern(T.uint32, "tka_bf16x2_gt", xr[p], c_floor) & T.uint32(BF16X2_ONES)
-                        hits[2] += T.call_extern(T.uint32, "tka_bf16x2_lt", xr[p], c_floor ^ T.uint32(BF16X2_SIGNS)) \
-                            & T.uint32(BF16X2_ONES)
-                    for j in T.unroll(3):
-                        counts[j] += T.if_then_else(bx * WARP + lane < num_chunks,
-                                                    T.Cast(T.int32, (hits[j] & T.uint32(0xFFFF)) + (hits[j] >> T.uint32(16))),
-                                                    0)
+                    w = T.float32(1.0)
+                    if has_weights != 0:
+                        pos = pos_to_token_topk[row]
+                        w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+                    count_row(xl, xr, W, c_floor, counts)
                     # gates raised to -88.5 (NaN kept): the fast divide is exact for all of them
                     for p in T.unroll(W):
                         xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
                     if packed_clamp:  # uniform
                         clamp_pairs(xl, xr, W, c_floor)
-                        loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, True)
+                        loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, FAST_FINITE)
                     elif swiglu_clamp_value > -FAST_DIV_LIMIT:  # a clamp only lowers l
                         loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, True)
                     else:
@@ -773,24 +816,42 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
                         amax = max_nan(amax, T.abs(v[i]))
                     for s in T.unroll(3):  # the group's 8 lanes
                         amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
-                    sf_val, sf_inv_val, sf_exp_val = scale_factor(
-                        amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
-                    sf = sf_val
-                    sf_inv = sf_inv_val
-                    sf_exp = sf_exp_val
+                    # scale_factor's rules with a / 448 divided once: a = max(amax, sf_clamp_min),
+                    # sf = a / 448 and sf_inv = 448 / a, or rounded up to 2^(e - 127) and
+                    # 2^(127 - e) (e the biased exponent of the rounded a / 448) where a / 448 is
+                    # finite (UE8M0 byte 0xFF and the unrounded factors otherwise)
+                    amax = max_nan(amax, sf_clamp_min)
+                    sf_q = T.ieee_fdiv(amax, T.float32(FP8_MAX))
+                    sf_exp = T.if_then_else(_is_finite(sf_q), (T.reinterpret(sf_q, T.uint32) + T.uint32(0x7FFFFF))
+                                            >> T.uint32(23), T.uint32(0xFF))
+                    if _rounds(sf_format, _is_finite(sf_q), round_sf):
+                        sf = T.reinterpret(sf_exp << T.uint32(23), T.float32)
+                        sf_inv = T.reinterpret((T.uint32(254) - sf_exp) << T.uint32(23), T.float32)
+                    else:
+                        sf = sf_q
+                        sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), amax)
                     for i in T.vectorized(V):
                         q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
                 else:  # skipped or past the end: zeros
-                    look_ahead(x, pos_to_token_topk, pos_to_expert, has_weights, has_pos_to_expert, row, step, bx,
-                               lane, nxt, ahead)
+                    for j in T.unroll(3):
+                        counts[j] = counts[j] - T.uint32(2 * COUNT_BIAS)
                     sf = T.float32(0.0)
                     sf_exp = T.uint32(0)
                     for i in T.vectorized(V):
                         q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
+                # the row again from the loop index and the special registers (volatile reads),
+                # so that no index stays live across the math
+                row = rb * ROWS_PER_BLOCK + T.call_extern(T.int32, "tka_tid_x") // WARP
                 store_lane(out, out_sf, q, sf, sf_exp, row, bx, lane, num_tokens, num_chunks, sf_format)
-                cur = nxt
-                nxt = row < num_tokens - 2 * step and (has_pos_to_expert == 0 or ahead[0] >= 0)
+                cur = next_expert >= 0
+                rb = rb + row_grid
 
-            flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
+            # lanes past the row count nothing
+            for j in T.unroll(3):
+                totals[j] = T.if_then_else(
+                    bx * WARP + lane < num_chunks,
+                    T.Cast(T.int32, counts[j] + T.Cast(T.uint32, T.ceildiv(num_row_blocks - by, row_grid))
+                           * T.uint32(2 * COUNT_BIAS)), 0)
+            flush_counts(totals, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
 
     return swiglu_forward_and_per_token_cast

@@ -76,6 +76,11 @@ SCHEMA = Schema(
                             clamped_count=Randint([3], "int64", 0, 1000)),
                 _moe_sample("MoE, weights, clamp 2 counted, fp32 sf", 2000, 1024, swiglu_clamp_value=2.0,
                             clamped_count=Randint([3], "int64", 0, 1000)),
+                # the counted kernel with column-major fp32 factors rounded to powers of two
+                # (round_sf at run time) and the packed clamps
+                _moe_sample("MoE, weights, clamp 0.5 counted, column-major rounded sf", 2000, 1024,
+                            use_tma_aligned_col_major_sf=True, round_sf=True, swiglu_clamp_value=0.5,
+                            clamped_count=Randint([3], "int64", 0, 1000)),
                 # a clamp below the -88.5 floor of the bf16 gates, gates reaching below it: the
                 # counts of l > c are taken on the raw gates (one group per row: the plain = 0
                 # row kernel's IEEE copy; groups of 128: the counted kernel's)
