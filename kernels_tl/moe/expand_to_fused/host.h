@@ -122,6 +122,8 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   TKA_CHECK(align_up(p.num_rows, 4) * p.sf_cols <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   k.x_sf = a.x_sf.data;
   k.out_sf = o.out_sf.data;
+  TKA_CHECK(ceil_div(p.sf_cols, k.lanes_per_row) <= c.sf_words_per_thread, "x",
+            "has more scale factors per row (%lld) than the kernel's lanes hold", static_cast<long long>(p.sf_cols));
   k.sf_cols = p.sf_cols;
   k.sf_row_stride = o.out_sf.stride[0];
   k.sf_col_stride = o.out_sf.stride[1];

@@ -27,8 +27,8 @@ grid has two parts, told apart by the block index (uniform per block):
   thread loads its vectors, its first ``SFW`` scale-factor words (``lane, lane + lanes,
   ...``) and its positions ``KC`` at a time (run-time top-k, any size) before the first
   store, so one memory round trip serves it (top-k <= 8), then stores the vectors and words
-  to each routed row.  Words past the first ``SFW`` of a lane (many words, few lanes) are
-  loaded and stored after.
+  to each routed row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor
+  and at most 8 vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
   the flat thread index is 32-bit (the host bounds ``num_tokens * lanes_per_row``).
@@ -55,7 +55,7 @@ PASS_CONFIGS = {
 
 
 def host_constants() -> dict:
-    return {"vectors_per_thread": VPT, "threads": THREADS}
+    return {"vectors_per_thread": VPT, "sf_words_per_thread": SFW, "threads": THREADS}
 
 
 def expand_to_fused_kernel():
@@ -88,9 +88,9 @@ def expand_to_fused_kernel():
             buf = T.alloc_local((VPT, 4), T.uint32)
             words = T.alloc_local((SFW,), T.uint32)
             pos = T.alloc_local((KC,), T.int32)
-            word = T.alloc_var(T.uint32)
             padding = T.alloc_var(T.int32)
             mask = T.alloc_var(T.uint32)
+            count = T.alloc_var(T.int32)
             slot = T.alloc_var(T.int32)
             prow = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
@@ -106,7 +106,10 @@ def expand_to_fused_kernel():
                 # every thread of the warp is here (the branch is uniform per block)
                 mask = T.Cast(T.uint32, T.ballot(padding != 0))
                 lane = tid % 32
-                for g in T.serial(T.call_extern(T.int32, "__popc", mask)):
+                # the count fixed before the loop: a bound over `mask` itself would be
+                # re-evaluated after each row has consumed its bit
+                count = T.call_extern(T.int32, "__popc", mask)
+                for g in T.serial(count):
                     slot = T.call_extern(T.int32, "__ffs", mask) - 1
                     mask = mask & (mask - T.uint32(1))
                     prow = row - lane + slot  # the warp's first row + the slot
@@ -146,12 +149,5 @@ def expand_to_fused_kernel():
                                 for s in T.unroll(SFW):
                                     if lane + s * lanes_per_row < sf_cols:
                                         out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
-                        # a lane's words past the first SFW (more words than SFW * lanes)
-                        for s in T.serial(T.max(T.ceildiv(sf_cols, lanes_per_row) - SFW, 0)):
-                            if lane + (s + SFW) * lanes_per_row < sf_cols:
-                                word = x_sf[row, lane + (s + SFW) * lanes_per_row]
-                                for i in T.unroll(KC):
-                                    if pos[i] >= 0 and pos[i] < num_rows:
-                                        out_sf[pos[i] * sf_row_stride + (lane + (s + SFW) * lanes_per_row) * sf_col_stride] = word
 
     return expand_to_fused
