@@ -50,11 +50,10 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const int64_t lanes = lanes_per_row(p, c);
-  // the copy's flat thread index (token * lanes + lane) and the padding check's row index are 32-bit
-  TKA_CHECK(p.num_tokens * lanes <= 2147483647 - c.threads && p.num_rows <= 2147483647 - c.threads, "pos_to_expert",
-            "has too many rows for one launch");
   const int64_t pad_blocks = ceil_div(p.num_rows, c.threads);
   const int64_t copy_blocks = ceil_div(p.num_tokens * lanes, c.threads);
+  // the kernel's flat thread index (block * threads + thread, over both parts) is 32-bit
+  TKA_CHECK((pad_blocks + copy_blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
   k.out = out.data;

@@ -31,7 +31,7 @@ grid has two parts, told apart by the block index (uniform per block):
   and at most 8 vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
-  the flat thread index is 32-bit (the host bounds ``num_tokens * lanes_per_row``).
+  the flat thread index is 32-bit (the host bounds the grid's threads below 2^31).
 
 No static configuration: one kernel serves every dtype, hidden size, top-k and
 scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_row``).
