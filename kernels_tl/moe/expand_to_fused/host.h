@@ -31,8 +31,17 @@ inline bool plan_rows(const char* op, const TensorArg& x, const TensorArg& token
   return true;
 }
 
+// Threads per token row: ceil(row_vecs / v) for the most vectors per thread v (<= the kernel's
+// vectors_per_thread, halving) whose copy still has kSpreadThreads threads, else one vector per
+// thread (few tokens: decode), so the copy's stores spread over every SM rather than a few
+// blocks. The output bits do not depend on it (a copy).
+constexpr int64_t kSpreadThreads = 128 * 768;  // 128 SMs x 768 resident threads
 inline int64_t lanes_per_row(const Plan& p, const Constants& c) {
-  return std::max<int64_t>(ceil_div(p.row_vecs, c.vectors_per_thread), 1);
+  for (int64_t v = c.vectors_per_thread; v > 1; v /= 2) {
+    const int64_t lanes = ceil_div(p.row_vecs, v);
+    if (p.num_tokens * lanes >= kSpreadThreads) return std::max<int64_t>(lanes, 1);
+  }
+  return std::max<int64_t>(p.row_vecs, 1);
 }
 
 inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_rows > 0) && p.row_vecs > 0; }
@@ -41,8 +50,10 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const int64_t lanes = lanes_per_row(p, c);
-  TKA_CHECK(std::max(p.num_tokens, p.num_rows) * lanes <= 2147483647 - 256, "pos_to_expert",
-            "has too many rows for one launch");
+  const int64_t pad_blocks = ceil_div(p.num_rows, c.threads);
+  const int64_t copy_blocks = ceil_div(p.num_tokens * lanes, c.threads);
+  // the kernel's flat thread index (block * threads + thread, over both parts) is 32-bit
+  TKA_CHECK((pad_blocks + copy_blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
   k.out = out.data;
@@ -53,6 +64,8 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.num_topk = p.num_topk;
   k.row_vecs = p.row_vecs;
   k.lanes_per_row = lanes;
+  k.pad_blocks = pad_blocks;
+  k.num_blocks = pad_blocks + copy_blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;
   k.sf_cols = 0;
@@ -105,9 +118,11 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 inline bool needs_launch(const Plan& p) { return launch_needed(p); }
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   if (!copy_args(op, a.x, a.token_topk_to_pos, a.pos_to_expert, p, c, o.out, k)) return false;
-  TKA_CHECK(p.num_rows * p.sf_cols <= 2147483647, "pos_to_expert", "has too many rows for one launch");
+  TKA_CHECK(align_up(p.num_rows, 4) * p.sf_cols <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   k.x_sf = a.x_sf.data;
   k.out_sf = o.out_sf.data;
+  TKA_CHECK(ceil_div(p.sf_cols, k.lanes_per_row) <= c.sf_words_per_thread, "x",
+            "has more scale factors per row (%lld) than the kernel's lanes hold", static_cast<long long>(p.sf_cols));
   k.sf_cols = p.sf_cols;
   k.sf_row_stride = o.out_sf.stride[0];
   k.sf_col_stride = o.out_sf.stride[1];

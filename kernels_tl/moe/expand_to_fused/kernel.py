@@ -9,25 +9,32 @@ TMA-aligned column-major), zero on padding rows.
 
 Design
 ------
-Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.
+Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.  The
+grid has two parts, told apart by the block index (uniform per block):
 
-* A row is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that
-  it is whole and that the pointers are 16-byte aligned).  ``lanes_per_row =
-  ceil(row_vecs / VPT)`` threads share a row; lane ``l`` owns vectors ``l, l + lanes, ...``
-  (``VPT`` of them), so each load or store instruction of a warp covers contiguous bytes.
-* The flat thread index runs over ``max(num_tokens, num_rows)`` row slots times the lanes
-  (one 32-bit division per thread).  Slot ``r``, if it is a token, loads its row's vectors
-  (all ``VPT`` in flight) and its positions ``KC`` at a time (run-time top-k, any size) and
-  stores the vectors to each routed row; then, if fused row ``r`` is padding (its flag
-  loaded with the row), zeroes it.  Every load is issued before the first store, so one
-  memory round trip serves a thread (top-k <= 8).  The scale-factor words follow the same
-  lanes (``lane, lane + lanes, ...``), one 32-bit word each.
+* Blocks ``[0, pad_blocks)``: the padding check, one thread per fused row.  Each thread loads
+  its row's ``pos_to_expert`` flag; a warp ballot gathers its 32 rows' flags, and the warp zeroes
+  each padding row among them in turn (16-byte stores, 512 contiguous bytes per instruction,
+  then the row's scale-factor words).  A fused row that is not padding costs one 4-byte load,
+  not a thread per 16-byte lane.
+* Blocks ``[pad_blocks, num_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
+  is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
+  whole and that the pointers are 16-byte aligned); lane ``l`` owns vectors ``l, l + lanes,
+  ...`` below ``row_vecs`` (at most ``VPT``: the host's ``lanes_per_row = ceil(row_vecs /
+  v)`` with ``v <= VPT``), so each load or store instruction of a warp covers contiguous
+  bytes.  The host takes ``v = VPT`` (128 bytes per thread) for many tokens, and fewer
+  vectors per thread for few tokens (decode) so that the copy spreads over every SM.  A
+  thread loads its vectors, its first ``SFW`` scale-factor words (``lane, lane + lanes,
+  ...``) and its positions ``KC`` at a time (run-time top-k, any size) before the first
+  store, so one memory round trip serves it (top-k <= 8), then stores the vectors and words
+  to each routed row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor
+  and at most 8 vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
-  the flat thread index is 32-bit (the host bounds ``slots * lanes_per_row``).
+  the flat thread index is 32-bit (the host bounds the grid's threads below 2^31).
 
 No static configuration: one kernel serves every dtype, hidden size, top-k and
-scale-factor layout.
+scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_row``).
 """
 
 from tilelang import language as T
@@ -35,9 +42,10 @@ from tilelang import language as T
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
 THREADS = 256
-VPT = 4  # 16-byte vectors per thread (64 bytes of a row in flight per thread)
+VPT = 8  # most 16-byte vectors per thread (128 bytes of a row in flight per thread)
+SFW = 4  # scale-factor words per thread loaded with the row
 KC = 8  # positions loaded together (top-k <= 8 in one round trip; more in rounds of 8)
-MIN_BLOCKS_PER_SM = 4  # <= 64 registers: 1024 threads, 64 KB of loads in flight per SM
+MIN_BLOCKS_PER_SM = 3  # <= 85 registers: 768 threads, 96 KB of loads in flight per SM
 PASS_CONFIGS = {
     "tl.disable_tma_lower": True,
     "tl.disable_warp_specialized": True,
@@ -47,7 +55,7 @@ PASS_CONFIGS = {
 
 
 def host_constants() -> dict:
-    return {"vectors_per_thread": VPT}
+    return {"vectors_per_thread": VPT, "sf_words_per_thread": SFW, "threads": THREADS}
 
 
 def expand_to_fused_kernel():
@@ -67,61 +75,79 @@ def expand_to_fused_kernel():
         x_sf: T.Tensor[(num_tokens, sf_cols), T.uint32],
         out_sf: T.Tensor[(out_sf_words,), T.uint32],
         lanes_per_row: T.int32,
+        pad_blocks: T.int32,
+        num_blocks: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
     ):
-        with T.Kernel(T.ceildiv(T.max(num_tokens, num_rows) * lanes_per_row, THREADS), threads=THREADS) as bid:
+        with T.Kernel(num_blocks, threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.assume(lanes_per_row > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
             buf = T.alloc_local((VPT, 4), T.uint32)
+            words = T.alloc_local((SFW,), T.uint32)
             pos = T.alloc_local((KC,), T.int32)
-            word = T.alloc_var(T.uint32)
+            padding = T.alloc_var(T.int32)
+            mask = T.alloc_var(T.uint32)
+            count = T.alloc_var(T.int32)
+            slot = T.alloc_var(T.int32)
+            prow = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
-            row = (bid * THREADS + tid) // lanes_per_row
-            lane = (bid * THREADS + tid) - row * lanes_per_row
 
-            # Every load is issued before the first store (the compiler may not move loads of
-            # x past stores to out): the row's padding flag, its vectors, its first positions.
-            padding = T.alloc_var(T.bool)
-            padding = False
-            if row < num_rows:
-                padding = pos_to_expert[row] < 0
-
-            # ---- a token: its row to every fused row it is routed to
-            if row < num_tokens:
-                for j in T.unroll(VPT):
-                    if lane + j * lanes_per_row < row_vecs:
-                        for u in T.vectorized(4):
-                            buf[j, u] = x[row, lane + j * lanes_per_row, u]
-                for c in T.serial(T.ceildiv(num_topk, KC)):
-                    for i in T.unroll(KC):
-                        pos[i] = -1
-                        if c * KC + i < num_topk:
-                            pos[i] = token_topk_to_pos[row, c * KC + i]
-                    for i in T.unroll(KC):
-                        if pos[i] >= 0 and pos[i] < num_rows:
-                            for j in T.unroll(VPT):
-                                if lane + j * lanes_per_row < row_vecs:
-                                    for u in T.vectorized(4):
-                                        out[pos[i], lane + j * lanes_per_row, u] = buf[j, u]
-                    for s in T.serial(T.ceildiv(sf_cols, lanes_per_row)):
+            if bid < pad_blocks:
+                # ---- the padding check: a thread per fused row, a warp zeroes its padding rows
+                row = bid * THREADS + tid
+                padding = 0
+                if row < num_rows:
+                    if pos_to_expert[row] < 0:
+                        padding = 1
+                # every thread of the warp is here (the branch is uniform per block)
+                mask = T.Cast(T.uint32, T.ballot(padding != 0))
+                lane = tid % 32
+                # the count fixed before the loop: a bound over `mask` itself would be
+                # re-evaluated after each row has consumed its bit
+                count = T.call_extern(T.int32, "__popc", mask)
+                for g in T.serial(count):
+                    slot = T.call_extern(T.int32, "__ffs", mask) - 1
+                    mask = mask & (mask - T.uint32(1))
+                    prow = row - lane + slot  # the warp's first row + the slot
+                    for v in T.serial(T.ceildiv(row_vecs, 32)):
+                        if lane + v * 32 < row_vecs:
+                            for u in T.vectorized(4):
+                                out[prow, lane + v * 32, u] = T.uint32(0)
+                    for s in T.serial(T.ceildiv(sf_cols, 32)):
+                        if lane + s * 32 < sf_cols:
+                            out_sf[prow * sf_row_stride + (lane + s * 32) * sf_col_stride] = T.uint32(0)
+            else:
+                # ---- the copy: a token's row to every fused row it is routed to
+                row = ((bid - pad_blocks) * THREADS + tid) // lanes_per_row
+                lane = ((bid - pad_blocks) * THREADS + tid) - row * lanes_per_row
+                if row < num_tokens:
+                    # every load before the first store (the compiler may not move loads of x
+                    # past stores to out): the vectors, the first words, the first positions
+                    for j in T.unroll(VPT):
+                        if lane + j * lanes_per_row < row_vecs:
+                            for u in T.vectorized(4):
+                                buf[j, u] = x[row, lane + j * lanes_per_row, u]
+                    for s in T.unroll(SFW):
+                        words[s] = T.uint32(0)
                         if lane + s * lanes_per_row < sf_cols:
-                            word = x_sf[row, lane + s * lanes_per_row]
-                            for i in T.unroll(KC):
-                                if pos[i] >= 0 and pos[i] < num_rows:
-                                    out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = word
-
-            # ---- a padding row of the fused layout: zeros
-            if padding:
-                for j in T.unroll(VPT):
-                    if lane + j * lanes_per_row < row_vecs:
-                        for u in T.vectorized(4):
-                            out[row, lane + j * lanes_per_row, u] = T.uint32(0)
-                for i in T.serial(T.ceildiv(sf_cols, lanes_per_row)):
-                    if lane + i * lanes_per_row < sf_cols:
-                        out_sf[row * sf_row_stride + (lane + i * lanes_per_row) * sf_col_stride] = T.uint32(0)
+                            words[s] = x_sf[row, lane + s * lanes_per_row]
+                    for c in T.serial(T.ceildiv(num_topk, KC)):
+                        for i in T.unroll(KC):
+                            pos[i] = -1
+                            if c * KC + i < num_topk:
+                                pos[i] = token_topk_to_pos[row, c * KC + i]
+                        for i in T.unroll(KC):
+                            if pos[i] >= 0 and pos[i] < num_rows:
+                                for j in T.unroll(VPT):
+                                    if lane + j * lanes_per_row < row_vecs:
+                                        for u in T.vectorized(4):
+                                            out[pos[i], lane + j * lanes_per_row, u] = buf[j, u]
+                                for s in T.unroll(SFW):
+                                    if lane + s * lanes_per_row < sf_cols:
+                                        out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
 
     return expand_to_fused

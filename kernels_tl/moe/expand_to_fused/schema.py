@@ -48,6 +48,9 @@ EXPAND = Op(
                routing=Routing(num_topk=9, num_experts=36, alignment=16, unrouted=0.1)),
         Sample("top-1, hidden 576", 2000, [_x(576), *POSITIONS],
                routing=Routing(num_topk=1, num_experts=8, alignment=4)),
+        # 8 vectors per lane with a partial last lane (36 vectors over 5 lanes)
+        Sample("hidden 576 e4m3, many tokens", 20000, [_x(576, "float8_e4m3fn"), *POSITIONS],
+               routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
     ],
     token_dim=None,  # the output's rows are fused rows, not tokens
     doc=("expand_to_fused(x, token_topk_to_pos, pos_to_expert) -> out [num_expanded_tokens, hidden] of x.dtype: "
@@ -86,6 +89,10 @@ EXPAND_WITH_SF = Op(
                routing=Routing(num_topk=8, num_experts=32, alignment=64, unrouted=0.1)),
         Sample("hidden 576, 5 factors, top-9", 1000, [_q(576, 5), 128, *POSITIONS],
                routing=Routing(num_topk=9, num_experts=72, alignment=8, unrouted=0.3)),
+        # 8 vectors per lane with a partial last lane, a factor per lane, column-major
+        Sample("hidden 576, 5 factors, many tokens", 20000, [_q(576, 5), 128, *POSITIONS],
+               {"use_tma_aligned_col_major_sf": True},
+               routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
     ],
     token_dim=None,  # the outputs' rows are fused rows, not tokens
     doc=("expand_to_fused_with_sf((data, sf), num_per_channels, token_topk_to_pos, pos_to_expert, "
