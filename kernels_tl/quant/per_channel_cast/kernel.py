@@ -27,21 +27,30 @@ Thread ``tid`` takes piece ``tid % L`` of the ``R`` consecutive rows ``R * (tid 
 With ``gather`` the thread first loads the R positions of its rows (16-byte loads).  Either
 way a warp covers 16 rows (``32 / L`` row groups of R rows).
 
+Pre-quantized (wide, e4m3 codes): the R pieces go by ``cp.async`` into the thread's own 16-byte
+slots of a 32 KiB shared tile (a missing row or piece: a zero slot, nothing read; one predicated
+copy or store and the row's input factor per row, no branch), then the thread waits for its own
+copies only (no barrier: no other thread reads its slots).  Steps 1 and 4 read each slot back
+(``LDS.128``) and decode its 16 codes to f16 pairs (exact) each time, so no codes are held in
+registers between the steps: 48 registers and 42 KiB of shared memory, 5 blocks (160 KiB of
+loads) per SM.  One 16-byte store per row.
+
 0. Block order (in place): without a gather, channel tile fastest (grid x), so the blocks
    started together read whole rows; with a gather, row tile fastest, so the blocks started
    together read a column band of every output row and a token that several output rows read
    (routed to several local experts) is still in L2 at its later reads (the grid's extents
    swap on the run-time ``gather``, 0 or 1).  Transposed: row tile in x.
 1. amax of each of the thread's channels over its R rows (bf16: on packed pairs,
-   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element, the codes
-   decoded once to f16 pairs (exact) that step 4 reuses), then over the warp's row groups
+   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element), then over
+   the warp's row groups
    (``shfl_xor`` by ``L``, ``2L`` below 32): a warp holds the maxima of 16 rows.
 2. Lanes ``0 .. L-1`` of each warp write them to shared memory ([8 warps][CH] fp32); barrier.
 3. One thread per (row block of ``npt`` rows, channel) in the tile takes the max over the
    ``npt / 16`` warps of its block, computes (sf, sf_inv), writes sf to ``out_sf`` (consecutive
    threads: consecutive channels) and sf_inv to shared memory; barrier.
 4. Each thread encodes its R x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
-   into 32-bit words.  In place: R stores of V bytes.
+   into 32-bit words.  In place: R stores of V bytes (``STG.64`` bf16, ``STG.128``
+   pre-quantized, ``STG.32`` fp32).
    Transposed (bf16, narrow): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per
    channel, the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot
    XORed with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
@@ -77,7 +86,7 @@ TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
 LAYOUT = {1: (16, 8), 0: (8, 4)}
 WARP_ROWS = 16
 # Launch bounds (blocks of 256 threads per SM): narrow 4 (<= 64 registers); wide 3 (<= 80), the
-# pre-quantized input 2 (<= 128: its 128 codes per thread are kept decoded as f16 pairs).
+# pre-quantized input 5 (<= 48: its codes wait in shared memory, 42 KiB per block).
 MIN_BLOCKS_PER_SM = {(0, "bfloat16"): 4, (0, "float32"): 4, (1, "bfloat16"): 3, (1, "float32"): 3,
                      (1, "float8_e4m3fn"): 5}
 FP8_MAX = 448.0
@@ -114,15 +123,26 @@ __device__ __forceinline__ void tka_pcc_load_rows(int* dst, const int* src, int 
     dst[4 * k] = v.x; dst[4 * k + 1] = v.y; dst[4 * k + 2] = v.z; dst[4 * k + 3] = v.w;
   }
 }
-// Pre-quantized input: a thread's own 16-byte slot of the shared tile, read into dst[0..3] or set
-// to zero.  Called with the slot's address, so TileLang sees no shared access and inserts no
-// barriers (no other thread touches the slot); the cp.async wait before the reads is a compiler
-// memory barrier, so they stay after it.
+// Pre-quantized input, a thread's own 16-byte slot of the shared tile (called with the slot's
+// address, so TileLang sees no shared access and inserts no barriers: no other thread touches
+// the slot).  Fetch: where `ok`, the row's piece (at x_col + pos * row_bytes) by cp.async into the
+// slot and its input factor (at sf_col + pos * sf_cols) as the result; else a zero slot and 0,
+// nothing read.  One predicated copy or store, 64-bit offsets, no branch.
+__device__ __forceinline__ float tka_pcc_fetch(void* slot, const void* x_col, const float* sf_col, int pos,
+                                               int row_bytes, int sf_cols, bool ok) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(slot);
+  const unsigned p = ok ? (unsigned)pos : 0u;  // pos >= 0 where ok: unsigned 32 x 32 -> 64-bit products
+  const char* src = static_cast<const char*>(x_col) + (unsigned long long)p * (unsigned)row_bytes;
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q cp.async.cg.shared.global [%0], [%1], 16;\n\t"
+      "@!q st.shared.v4.u32 [%0], {%3, %3, %3, %3};\n\t}" ::"r"(s), "l"(src), "r"((int)ok), "r"(0u) : "memory");
+  return ok ? sf_col[(unsigned long long)p * (unsigned)sf_cols] : 0.0f;
+}
+// The slot read back (after the cp.async wait, a compiler memory barrier, so it stays after it)
 __device__ __forceinline__ void tka_pcc_slot_load(unsigned* dst, const void* slot) {
   const uint4 v = *static_cast<const uint4*>(slot);
   dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
 }
-__device__ __forceinline__ void tka_pcc_slot_zero(void* slot) { *static_cast<uint4*>(slot) = make_uint4(0u, 0u, 0u, 0u); }
 __device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1, unsigned w2, unsigned w3, int e) {
   // bytes e of (w0, w1) and of (w2, w3) side by side, then the two pairs
   const unsigned sel = 0x11u * (unsigned)e + 0x40u;  // byte e of the first word, then of the second
@@ -272,18 +292,18 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
 
             # ---- loads: all R pieces (and their input factors) before the first use; pre-quantized:
             # into the thread's own slots of the shared tile (zeros for a missing row or piece)
-            for i in T.unroll(R):
-                s_in[i] = T.float32(0)
-                if piece_ok and pos[i] >= 0:
-                    if quantized:
-                        T.evaluate(cp_async.copy16(tile[rg * R + i, tid % L, 0], x[T.Cast("int64", pos[i]), piece, 0]))
-                        s_in[i] = x_sf[T.Cast("int64", pos[i]), piece // SF_PIECES]
-                    else:
+            if quantized:
+                for i in T.unroll(R):
+                    s_in[i] = T.call_extern(
+                        T.float32, "tka_pcc_fetch", T.address_of(tile[rg * R + i, tid % L, 0]),
+                        T.address_of(x[0, piece, 0]), T.address_of(x_sf[0, piece // SF_PIECES]), pos[i], row_pieces * 16,
+                        sf_cols, piece_ok and pos[i] >= 0)
+            else:
+                for i in T.unroll(R):
+                    s_in[i] = T.float32(0)
+                    if piece_ok and pos[i] >= 0:
                         for u in T.vectorized(4):
                             w[i, u] = x[T.Cast("int64", pos[i]), piece, u]
-                else:
-                    if quantized:
-                        T.evaluate(T.call_extern("void", "tka_pcc_slot_zero", T.address_of(tile[rg * R + i, tid % L, 0])))
                     else:
                         for u in T.unroll(4):
                             w[i, u] = T.uint32(0)
