@@ -27,21 +27,30 @@ Thread ``tid`` takes piece ``tid % L`` of the ``R`` consecutive rows ``R * (tid 
 With ``gather`` the thread first loads the R positions of its rows (16-byte loads).  Either
 way a warp covers 16 rows (``32 / L`` row groups of R rows).
 
+Pre-quantized (wide, e4m3 codes): the R pieces go by ``cp.async`` into the thread's own 16-byte
+slots of a 32 KiB shared tile (a missing row or piece: a zero slot, nothing read; one predicated
+copy or store and the row's input factor per row, no branch), then the thread waits for its own
+copies only (no barrier: no other thread reads its slots).  Steps 1 and 4 read each slot back
+(``LDS.128``) and decode its 16 codes to f16 pairs (exact) each time, so no codes are held in
+registers between the steps: 48 registers and 42 KiB of shared memory, 5 blocks (160 KiB of
+loads) per SM.  One 16-byte store per row.
+
 0. Block order (in place): without a gather, channel tile fastest (grid x), so the blocks
    started together read whole rows; with a gather, row tile fastest, so the blocks started
    together read a column band of every output row and a token that several output rows read
    (routed to several local experts) is still in L2 at its later reads (the grid's extents
    swap on the run-time ``gather``, 0 or 1).  Transposed: row tile in x.
 1. amax of each of the thread's channels over its R rows (bf16: on packed pairs,
-   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element, the codes
-   decoded once to f16 pairs (exact) that step 4 reuses), then over the warp's row groups
+   ``max.NaN.bf16x2`` of ``|x|``; pre-quantized: ``|fl(q * s_in)|`` per element), then over
+   the warp's row groups
    (``shfl_xor`` by ``L``, ``2L`` below 32): a warp holds the maxima of 16 rows.
 2. Lanes ``0 .. L-1`` of each warp write them to shared memory ([8 warps][CH] fp32); barrier.
 3. One thread per (row block of ``npt`` rows, channel) in the tile takes the max over the
    ``npt / 16`` warps of its block, computes (sf, sf_inv), writes sf to ``out_sf`` (consecutive
    threads: consecutive channels) and sf_inv to shared memory; barrier.
 4. Each thread encodes its R x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
-   into 32-bit words.  In place: R stores of V bytes.
+   into 32-bit words.  In place: R stores of V bytes (``STG.64`` bf16, ``STG.128``
+   pre-quantized, ``STG.32`` fp32).
    Transposed (bf16, narrow): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per
    channel, the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot
    XORed with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
@@ -61,9 +70,10 @@ for a pre-quantized x and for a bf16 x with a gather.  Measured times in ``notes
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.engram import cp_async
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import bf16x2_max_nan, max_nan
-from kernels_tl.quant.per_token_cast.kernel import CAST_SOURCE
+from kernels_tl.quant.per_token_cast.kernel import CAST_SOURCE, QUANT_SOURCE
 from kernels_tl.quant_math import scale_factor
 
 THREADS = 256
@@ -76,9 +86,9 @@ TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
 LAYOUT = {1: (16, 8), 0: (8, 4)}
 WARP_ROWS = 16
 # Launch bounds (blocks of 256 threads per SM): narrow 4 (<= 64 registers); wide 3 (<= 80), the
-# pre-quantized input 2 (<= 128: its 128 codes per thread are kept decoded as f16 pairs).
+# pre-quantized input 5 (<= 48: its codes wait in shared memory, 42 KiB per block).
 MIN_BLOCKS_PER_SM = {(0, "bfloat16"): 4, (0, "float32"): 4, (1, "bfloat16"): 3, (1, "float32"): 3,
-                     (1, "float8_e4m3fn"): 2}
+                     (1, "float8_e4m3fn"): 5}
 FP8_MAX = 448.0
 SF_CLAMP_MIN = 1e-4
 IN_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -104,6 +114,34 @@ __device__ __forceinline__ float tka_pcc_f16_value(unsigned h, int hi) {
   const unsigned short b = (unsigned short)((h >> (16 * hi)) & 0xFFFFu);
   asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(b));
   return v;
+}
+// n (4 or 8) consecutive positions from a 16-byte aligned address, as 16-byte loads
+__device__ __forceinline__ void tka_pcc_load_rows(int* dst, const int* src, int n) {
+  #pragma unroll
+  for (int k = 0; k < n / 4; ++k) {
+    const int4 v = reinterpret_cast<const int4*>(src)[k];
+    dst[4 * k] = v.x; dst[4 * k + 1] = v.y; dst[4 * k + 2] = v.z; dst[4 * k + 3] = v.w;
+  }
+}
+// Pre-quantized input, a thread's own 16-byte slot of the shared tile (called with the slot's
+// address, so TileLang sees no shared access and inserts no barriers: no other thread touches
+// the slot).  Fetch: where `ok`, the row's piece (at x_col + pos * row_bytes) by cp.async into the
+// slot and its input factor (at sf_col + pos * sf_cols) as the result; else a zero slot and 0,
+// nothing read.  One predicated copy or store, 64-bit offsets, no branch.
+__device__ __forceinline__ float tka_pcc_fetch(void* slot, const void* x_col, const float* sf_col, int pos,
+                                               int row_bytes, int sf_cols, bool ok) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(slot);
+  const unsigned p = ok ? (unsigned)pos : 0u;  // pos >= 0 where ok: unsigned 32 x 32 -> 64-bit products
+  const char* src = static_cast<const char*>(x_col) + (unsigned long long)p * (unsigned)row_bytes;
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q cp.async.cg.shared.global [%0], [%1], 16;\n\t"
+      "@!q st.shared.v4.u32 [%0], {%3, %3, %3, %3};\n\t}" ::"r"(s), "l"(src), "r"((int)ok), "r"(0u) : "memory");
+  return ok ? sf_col[(unsigned long long)p * (unsigned)sf_cols] : 0.0f;
+}
+// The slot read back (after the cp.async wait, a compiler memory barrier, so it stays after it)
+__device__ __forceinline__ void tka_pcc_slot_load(unsigned* dst, const void* slot) {
+  const uint4 v = *static_cast<const uint4*>(slot);
+  dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
 }
 __device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1, unsigned w2, unsigned w3, int e) {
   // bytes e of (w0, w1) and of (w2, w3) side by side, then the two pairs
@@ -134,18 +172,26 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
     # pre-quantized: pieces per input factor (128 channels)
     SF_PIECES = 128 // V
 
-    def value(w, h, s_in, i, c):
-        """Channel c of the thread's row i as float32 (pre-quantized: fl(q * s_in), q from the f16 pairs h)."""
+    def value(w, i, c):
+        """Channel c of the thread's row i as float32 (bf16 or fp32 x)."""
         if in_dtype == "bfloat16":  # c may be a loop variable: the shift is 16 for even c, 0 for odd
             return T.reinterpret((w[i, c // PER_WORD] << T.Cast("uint32", 16 - 16 * (c % 2))) & T.uint32(0xFFFF0000),
                                  T.float32)
-        if in_dtype == "float32":
-            return T.reinterpret(w[i, c // PER_WORD], T.float32)
-        return T.call_extern(T.float32, "__fmul_rn", T.call_extern(T.float32, "tka_pcc_f16_value", h[i, c // 2], c % 2),
-                             s_in[i])
+        return T.reinterpret(w[i, c // PER_WORD], T.float32)
 
-    def scaled(w, h, s_in, sf_inv, i, c):
-        return T.call_extern(T.float32, "__fmul_rn", value(w, h, s_in, i, c), sf_inv[c])
+    def scaled(w, sf_inv, i, c):
+        return T.call_extern(T.float32, "__fmul_rn", value(w, i, c), sf_inv[c])
+
+    @T.macro
+    def load_codes(tile, wr, hr, row, lane):
+        """Pre-quantized: one 16-byte piece of the shared tile, its codes as f16 pairs (exact)."""
+        T.evaluate(T.call_extern("void", "tka_pcc_slot_load", T.address_of(wr[0]), T.address_of(tile[row, lane, 0])))
+        for m in T.unroll(8):
+            hr[m] = T.call_extern(T.uint32, "tka_pcc_e4m3x2_f16x2", wr[m // 2], m % 2)
+
+    def code_value(hr, c, s):
+        """fl(q * s) of channel c of the piece that load_codes decoded."""
+        return T.call_extern(T.float32, "__fmul_rn", T.call_extern(T.float32, "tka_pcc_f16_value", hr[c // 2], c % 2), s)
 
     num_tokens = T.dynamic("num_tokens")  # rows of x
     num_rows = T.dynamic("num_rows")  # rows of the output (pos_to_token's length with gather)
@@ -181,20 +227,26 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
         with T.Kernel(*[g(gather) if callable(g) else g for g in grid], threads=THREADS) as block_ids:
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[(wide, in_dtype)])
-            T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + DEVICE_SOURCE)
+            T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + QUANT_SOURCE + cp_async.DEVICE_SOURCE + DEVICE_SOURCE)
             tid = T.get_thread_binding()
             T.assume(num_per_tokens >= min_npt)
             T.assume(num_per_tokens <= TILE_ROWS)
 
             partial = T.alloc_shared((WARPS, CH), T.float32)  # per-warp maxima of 16 rows
-            inv = T.alloc_shared((TILE_ROWS // WARP_ROWS, CH), T.float32)  # sf_inv per (row block, channel)
+            inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32)  # sf_inv per (row block, channel)
+            if quantized:
+                # the tile's codes, 16 bytes per (row, piece): each thread's own slots (cp.async), static
+                # shared memory apart from the merged dynamic buffers
+                tile = T.alloc_shared((TILE_ROWS, L, 4), T.uint32, scope="shared")
+                wr = T.alloc_local((4,), T.uint32)  # one piece of one row
+                hr = T.alloc_local((8,), T.uint32)  # its codes as f16 pairs
             if transpose:
                 # e4m3 codes of the tile, one 128-byte row (32 words) per channel, slots swizzled
                 codes_v = T.alloc_shared((CH * 8,), "uint32x4")
                 codes_t = T.view(codes_v, (CH * 32,), T.uint32)
 
-            w = T.alloc_local((R, 4), T.uint32)  # the thread's R pieces
-            h = T.alloc_local((R, 8), T.uint32)  # pre-quantized: the pieces' codes as f16 pairs
+            if not quantized:
+                w = T.alloc_local((R, 4), T.uint32)  # the thread's R pieces
             pos = T.alloc_local((R,), T.int32)
             s_in = T.alloc_local((R,), T.float32)
             amax = T.alloc_local((V,), T.float32)
@@ -213,7 +265,10 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                 # 256-byte column band of every output row, so the band of a token that several
                 # output rows read (routed to several local experts) is still in L2 at its
                 # repeated reads.
+                # (variables: the generated code would otherwise repeat the selects at every use)
                 bx, by = block_ids
+                tile_c = T.alloc_var(T.int32)
+                tile_r = T.alloc_var(T.int32)
                 tile_c = T.if_then_else(gather != 0, by, bx)
                 tile_r = T.if_then_else(gather != 0, bx, by)
             rg = tid // L
@@ -227,25 +282,35 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                 for i in T.unroll(R):
                     pos[i] = -1
                 if rows_ok:
-                    for i in T.vectorized(R):  # 16-byte loads (row0 % R == 0, pos_to_token 16-byte aligned)
-                        pos[i] = pos_to_token[row0 + i]
+                    # 16-byte loads (row0 % R == 0, pos_to_token 16-byte aligned)
+                    T.evaluate(T.call_extern("void", "tka_pcc_load_rows", T.address_of(pos[0]), T.address_of(pos_to_token[row0]), R))
                 for i in T.unroll(R):
                     pos[i] = T.if_then_else(pos[i] < num_tokens, pos[i], -1)
             else:
                 for i in T.unroll(R):
                     pos[i] = T.if_then_else(row0 + i < num_rows, row0 + i, -1)
 
-            # ---- loads: all R pieces (and their input factors) before the first use
-            for i in T.unroll(R):
-                s_in[i] = T.float32(0)
-                if piece_ok and pos[i] >= 0:
-                    for u in T.vectorized(4):
-                        w[i, u] = x[T.Cast("int64", pos[i]), piece, u]
-                    if quantized:
-                        s_in[i] = x_sf[T.Cast("int64", pos[i]), piece // SF_PIECES]
-                else:
-                    for u in T.unroll(4):
-                        w[i, u] = T.uint32(0)
+            # ---- loads: all R pieces (and their input factors) before the first use; pre-quantized:
+            # into the thread's own slots of the shared tile (zeros for a missing row or piece)
+            if quantized:
+                for i in T.unroll(R):
+                    s_in[i] = T.call_extern(
+                        T.float32, "tka_pcc_fetch", T.address_of(tile[rg * R + i, tid % L, 0]),
+                        T.address_of(x[0, piece, 0]), T.address_of(x_sf[0, piece // SF_PIECES]), pos[i], row_pieces * 16,
+                        sf_cols, piece_ok and pos[i] >= 0)
+            else:
+                for i in T.unroll(R):
+                    s_in[i] = T.float32(0)
+                    if piece_ok and pos[i] >= 0:
+                        for u in T.vectorized(4):
+                            w[i, u] = x[T.Cast("int64", pos[i]), piece, u]
+                    else:
+                        for u in T.unroll(4):
+                            w[i, u] = T.uint32(0)
+            if quantized:
+                # the thread's copies done (and visible to it); no other thread reads its slots
+                cp_async.commit()
+                cp_async.wait(0)
 
             # ---- 1. amax over the thread's rows, then over the warp's row groups
             if in_dtype == "bfloat16":
@@ -257,15 +322,23 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                         pmax[k] = bf16x2_max_nan(pmax[k], T.shfl_xor(pmax[k], L << st))
                     amax[2 * k] = T.reinterpret(pmax[k] << T.uint32(16), T.float32)
                     amax[2 * k + 1] = T.reinterpret(pmax[k] & T.uint32(0xFFFF0000), T.float32)
-            else:
-                if quantized:  # decode once: the codes as f16 pairs (exact), kept for step 4
-                    for i in T.unroll(R):
-                        for m in T.unroll(8):
-                            h[i, m] = T.call_extern(T.uint32, "tka_pcc_e4m3x2_f16x2", w[i, m // 2], m % 2)
+            elif quantized:
+                # row by row from the tile: the codes as f16 pairs (exact), |fl(q * s_in)|
+                for i in T.unroll(R):
+                    load_codes(tile, wr, hr, rg * R + i, tid % L)
+                    for c in T.unroll(V):
+                        if i == 0:
+                            amax[c] = T.abs(code_value(hr, c, s_in[i]))
+                        else:
+                            amax[c] = max_nan(amax[c], T.abs(code_value(hr, c, s_in[i])))
                 for c in T.unroll(V):
-                    amax[c] = T.abs(value(w, h, s_in, 0, c))
+                    for st in T.unroll(SHFL_STEPS):
+                        amax[c] = max_nan(amax[c], T.shfl_xor(amax[c], L << st))
+            else:
+                for c in T.unroll(V):
+                    amax[c] = T.abs(value(w, 0, c))
                     for i in T.unroll(1, R):
-                        amax[c] = max_nan(amax[c], T.abs(value(w, h, s_in, i, c)))
+                        amax[c] = max_nan(amax[c], T.abs(value(w, i, c)))
                     for st in T.unroll(SHFL_STEPS):
                         amax[c] = max_nan(amax[c], T.shfl_xor(amax[c], L << st))
 
@@ -297,16 +370,30 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
             blk_t = rg * R // num_per_tokens
             for c in T.vectorized(V):
                 sf_inv[c] = inv[blk_t, (tid % L) * V + c]
-            for i in T.unroll(R):
-                for q in T.unroll(OW):
-                    code[i, q] = T.call_extern(
-                        T.uint32, "tka_e4m3x4_codes", scaled(w, h, s_in, sf_inv, i, 4 * q),
-                        scaled(w, h, s_in, sf_inv, i, 4 * q + 1), scaled(w, h, s_in, sf_inv, i, 4 * q + 2),
-                        scaled(w, h, s_in, sf_inv, i, 4 * q + 3))
-                if not transpose:  # in place: each row's codes go out as soon as they are made
+            if quantized:
+                # decoded again from the tile (registers kept for occupancy), one 16-byte store per row
+                for i in T.unroll(R):
+                    load_codes(tile, wr, hr, rg * R + i, tid % L)
+                    for q in T.unroll(OW):
+                        code[i, q] = T.call_extern(
+                            T.uint32, "tka_e4m3x4_codes",
+                            *[T.call_extern(T.float32, "__fmul_rn", code_value(hr, 4 * q + e, s_in[i]), sf_inv[4 * q + e])
+                              for e in range(4)])
                     if piece_ok and row0 + i < num_rows:
-                        for q in T.vectorized(OW):
-                            out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW + q] = code[i, q]
+                        T.evaluate(T.call_extern(
+                            "void", "tka_store_x4", T.address_of(out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW]),
+                            code[i, 0], code[i, 1], code[i, 2], code[i, 3]))
+            else:
+                for i in T.unroll(R):
+                    for q in T.unroll(OW):
+                        code[i, q] = T.call_extern(
+                            T.uint32, "tka_e4m3x4_codes", scaled(w, sf_inv, i, 4 * q),
+                            scaled(w, sf_inv, i, 4 * q + 1), scaled(w, sf_inv, i, 4 * q + 2),
+                            scaled(w, sf_inv, i, 4 * q + 3))
+                    if not transpose:  # in place: each row's codes go out as soon as they are made
+                        if piece_ok and row0 + i < num_rows:
+                            for q in T.vectorized(OW):
+                                out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW + q] = code[i, q]
             if transpose:
                 # per channel, the word of its 4 rows, into the channel's swizzled 128-byte row
                 for q in T.unroll(OW):

@@ -177,7 +177,11 @@ void quantized_args(const A& a, const Plan& p, K& k) {
 template <typename A>
 bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, KernelArgs& k, void* out, void* sf,
                int64_t sf_row_stride, int64_t sf_col_stride, bool read_sf) {
-  const int64_t lanes = lanes_per_row(p, c, a.use_packed_ue8m0);
+  // factors only (no out, no given sf) of a config with the warp layout (float32, groups of 128):
+  // a warp per `sf_only_warp_groups` groups of a row
+  const bool warp_sf = out == nullptr && !read_sf && c.sf_only_warp_groups > 0;
+  const int64_t lanes =
+      warp_sf ? ceil_div(p.num_groups, c.sf_only_warp_groups) * 32 : lanes_per_row(p, c, a.use_packed_ue8m0);
   TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 4096, "x", "has too many rows for one launch");
   // the pre-quantized kernel: 32 lanes of 16 values per block column (grid y), and a piece's 16
   // codes stored as one vector (16 or 8 bytes)

@@ -36,6 +36,14 @@ cross-warp max of one group per row).
   Runtime flags (uniform): ``write_out``, ``read_sf``, ``round_sf``, ``packed_sf``.
 * e2m1: sm_100a's ``cvt.rn.satfinite.e2m1x2.f32``; elsewhere a branch-free count
   of rounding boundaries (bit-identical), chosen from the current TVM target.
+* Factors only (``per_token_cast_with_sf_only``: no ``out``, no given sf) of float32 x in groups
+  of 128, a read-only stream: a warp takes 8 consecutive groups of one row (the host's
+  ``lanes_per_row`` is ``ceil(groups / 8) * 32``), lane ``l`` piece ``l`` of each, so each of the
+  8 ``LDG.128`` of a warp reads one group's 512 contiguous bytes (whole 128-byte lines; the
+  grouped layout's instructions read 64-byte halves of 8 lines).  The 8 maxima meet by a
+  halving exchange (steps over lane bits 4, 3, 2 trade the half of the groups the lane does not
+  keep, then bits 1, 0: 9 shuffles), after which lane ``l`` holds group ``l // 4``'s max and
+  every fourth lane computes a factor; packed words gather 4 of them with ``shfl_down``.
 
 e5m6 (one group per row): a piece is 8 values (two 16-byte loads of fp32); each value's
 12-bit code is the half rounded toward zero, its top 12 bits, plus the reference's rounding
@@ -77,6 +85,8 @@ ELEMS_PER_THREAD_ROW = 32
 # spills in any config; the bf16 grouped configs need ~40 and get 6).
 MIN_BLOCKS_PER_SM = 4
 WARP = 32
+# per_token_cast_with_sf_only of float32 x in groups of 128: groups per warp (host.h: sf_only_warp_groups)
+WARP_SF_GROUPS = 8
 
 _IN_BYTES = {"bfloat16": 2, "float32": 4}
 # pre-quantized inputs (data, sf): e4m3 bytes or e2m1 nibbles packed two per int8
@@ -273,6 +283,13 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
     else:
         tpg, ppt, rounds = _group_layout(in_dtype, group)
     pieces_per_group = None if per_row else group // piece
+    # float32 groups of 128 without `out` (per_token_cast_with_sf_only): a warp per 8 groups of a row
+    warp_sf = in_dtype == "float32" and group == 128
+    assert not warp_sf or npieces == WARP_SF_GROUPS
+
+    def warp_sf_only(write_out, read_sf):
+        """The factors-only layout's run-time condition (False where the config has none)."""
+        return T.And(write_out == 0, read_sf == 0) if warp_sf else False
     slots_per_word = 4 // rounds  # slots whose groups share one packed UE8M0 word
 
     hw_fp4 = fmt == "e2m1" and has_fp4_convert()
@@ -345,6 +362,10 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             word = T.alloc_var(T.uint32)
             if per_row:
                 warp_max = T.alloc_shared((THREADS // WARP,), T.float32, scope="shared")
+            if warp_sf:
+                wmax = T.alloc_local((WARP_SF_GROUPS,), T.float32)  # factors only: maxima of the warp's groups
+                wsend = T.alloc_local((1,), T.float32)
+                wpart = T.alloc_local((1,), T.uint32)
 
             # one 32-bit division per thread; the indices below derive from these two
             row = T.alloc_var(T.int32)
@@ -355,116 +376,161 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
             slot = slot_of(lane_in_row)
             row_ok = row < num_tokens
 
-            # ---- load: all pieces first, so that every load is in flight before the first use
-            for j in T.unroll(rounds):
-                for k in T.unroll(ppt):
-                    if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
-                        for h in T.unroll(piece // load):
-                            for u in T.vectorized(load):
-                                xv[j * ppt + k, h * load + u] = x[row, piece_of(slot, lane, j, k, lanes_per_row), h * load + u]
+            if warp_sf_only(write_out, read_sf):
+                # ---- factors only, float32 groups of 128 (WARP_SF_GROUPS): a warp reads 8 groups of
+                # one row, one 16-byte piece of each per lane, so each load instruction of the warp
+                # covers one group's 512 contiguous bytes (4 whole lines)
+                wslot = lane_in_row // WARP  # the warp's run of WARP_SF_GROUPS groups in the row
+                wl = tid % WARP
+                for j in T.unroll(WARP_SF_GROUPS):
+                    wp = (wslot * WARP_SF_GROUPS + j) * WARP + wl  # piece wl of the group
+                    if row_ok and wp < row_pieces:
+                        for u in T.vectorized(piece):
+                            xv[j, u] = x[row, wp, u]
                     else:
                         for u in T.unroll(piece):
-                            xv[j * ppt + k, u] = T.cast(0, in_dtype)
-
-            # ---- group max: in registers, then across the lanes sharing the group
-            for j in T.unroll(rounds):
-                if in_dtype == "bfloat16":
-                    # bf16 pairs stay packed: a NaN-keeping max on |x| (exact, like the fp32 one),
-                    # one widening per lane at the end.  Widening every element to fp32
-                    # here let the compiler keep 64 fp32 copies alive for the scaling (spills).
-                    pmax[0] = T.reinterpret(T.abs2(xv[j * ppt, T.Ramp(0, 1, 2)]), T.uint32)
-                    for i in T.unroll(1, ppt * piece // 2):
-                        pmax[0] = bf16x2_max_nan(pmax[0], T.reinterpret(
-                            T.abs2(xv[j * ppt + 2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]), T.uint32))
-                    pair[T.Ramp(0, 1, 2)] = T.reinterpret(pmax[0], "bfloat16x2")
-                    amax[j] = max_nan(T.cast(pair[0], T.float32), T.cast(pair[1], T.float32))
-                else:
-                    amax[j] = T.float32(0)
-                    for i in T.unroll(ppt * piece):
-                        amax[j] = max_nan(amax[j], T.abs(xv[j * ppt + i // piece, i % piece]))
-            if per_row:
-                for s in T.unroll(5):
-                    if (1 << s) < lanes_per_row:
-                        amax[0] = max_nan(amax[0], T.shfl_xor(amax[0], 1 << s))
-                if lanes_per_row > WARP:
-                    # rows wider than a warp: exchange the warp maxima (uniform branch)
-                    if tid % WARP == 0:
-                        warp_max[tid // WARP] = amax[0]
-                    T.sync_threads()
-                    warps_per_row = lanes_per_row // WARP
-                    first = (tid // WARP) - (tid // WARP) % warps_per_row
-                    amax[0] = warp_max[first]
-                    for w in T.unroll(1, THREADS // WARP):
-                        if w < warps_per_row:
-                            amax[0] = max_nan(amax[0], warp_max[first + w])
-            else:
-                for j in T.unroll(rounds):
-                    for s in T.unroll(tpg.bit_length() - 1):
-                        amax[j] = max_nan(amax[j], T.shfl_xor(amax[j], 1 << s))
-
-            # ---- factors
-            for j in T.unroll(rounds):
-                if read_sf != 0:
-                    sf_inv[j] = T.float32(1)
-                    if row_ok and group_of(slot, j) < num_groups:
-                        given = T.reinterpret(
-                            sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
-                        sf_inv[j] = T.float32(1) / given
-                else:
-                    scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, j)
-
-            # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
-            if read_sf == 0:
+                            xv[j, u] = T.cast(0, in_dtype)
+                # the lane's max of each group, then a halving exchange: after the step over lane
+                # bit 4 (3, 2) a lane keeps the groups whose index bit 2 (1, 0) equals that lane
+                # bit and takes its partner's maxima of them; two more steps finish the warp.  Lane
+                # l ends with the max of group l // 4 over all 32 lanes.
+                for j in T.unroll(WARP_SF_GROUPS):
+                    wmax[j] = max_nan(max_nan(T.abs(xv[j, 0]), T.abs(xv[j, 1])),
+                                      max_nan(T.abs(xv[j, 2]), T.abs(xv[j, 3])))
+                for st in T.unroll(3):
+                    half = WARP_SF_GROUPS >> (st + 1)  # groups kept after this step
+                    upper = ((wl >> (4 - st)) & 1) != 0
+                    for k in T.unroll(half):
+                        wsend[0] = T.if_then_else(upper, wmax[k], wmax[k + half])
+                        wmax[k] = max_nan(T.if_then_else(upper, wmax[k + half], wmax[k]),
+                                          T.shfl_xor(wsend[0], 16 >> st))
+                for st in T.unroll(2):
+                    wmax[0] = max_nan(wmax[0], T.shfl_xor(wmax[0], 2 >> st))
+                amax[0] = wmax[0]
+                scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, 0)
+                wg = wslot * WARP_SF_GROUPS + wl // 4  # the lane's group
                 if packed_sf != 0:
-                    word = T.uint32(0)
-                    for j in T.unroll(rounds):
-                        if group_of(slot, j) < num_groups:
-                            word = word | (sf_bits[j] << T.uint32(8 * ((group_of(slot, j)) % 4)))
-                    if not per_row:
-                        # the slots of one word are consecutive lanes of this warp: gather their bytes
-                        part = word
-                        for m in T.unroll(1, slots_per_word):
-                            word = word | T.shfl_down(part, m * tpg)
-                    if row_ok and lane == 0 and slot % slots_per_word == 0 and group_of(slot, 0) < num_groups:
-                        sf[row * sf_row_stride + (group_of(slot, 0) // 4) * sf_col_stride] = word
+                    # word (wl // 16) of the warp's two: bytes from lanes 16 w + 4 t, t = 0..3
+                    word = T.if_then_else(wg < num_groups, sf_bits[0] << T.Cast("uint32", 8 * (wg % 4)), T.uint32(0))
+                    wpart[0] = word
+                    for m in T.unroll(1, 4):
+                        word = word | T.shfl_down(wpart[0], 4 * m)
+                    if row_ok and wl % 16 == 0 and wg < num_groups:
+                        sf[row * sf_row_stride + (wg // 4) * sf_col_stride] = word
                 else:
-                    for j in T.unroll(rounds):
-                        if row_ok and lane == 0 and group_of(slot, j) < num_groups:
-                            sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride] = sf_bits[j]
-
-            # ---- quantize and store
-            if write_out != 0:
+                    if row_ok and wl % 4 == 0 and wg < num_groups:
+                        sf[row * sf_row_stride + wg * sf_col_stride] = sf_bits[0]
+            else:
+                # ---- load: all pieces first, so that every load is in flight before the first use
                 for j in T.unroll(rounds):
                     for k in T.unroll(ppt):
                         if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
-                            if e5m6:
-                                # eight 12-bit codes, first in the high bits, in three words
-                                vals = [T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j] for u in range(piece)]
-                                if in_dtype == "bfloat16":
-                                    # sf_inv a finite power of two >= 1 (round_sf, amax <= MAX): every
-                                    # product's low 16 bits are zero (uniform per row)
-                                    sfb = T.reinterpret(sf_inv[j], T.uint32)
-                                    if (sfb & T.uint32(0x7FFFFF)) == T.uint32(0) and sfb >= T.uint32(0x3F800000) \
-                                            and sfb < T.uint32(0x7F800000):
-                                        T.evaluate(T.call_extern("void", "tka_e5m6_pack8_short", T.address_of(codes[0]), *vals))
+                            for h in T.unroll(piece // load):
+                                for u in T.vectorized(load):
+                                    xv[j * ppt + k, h * load + u] = x[row, piece_of(slot, lane, j, k, lanes_per_row), h * load + u]
+                        else:
+                            for u in T.unroll(piece):
+                                xv[j * ppt + k, u] = T.cast(0, in_dtype)
+
+                # ---- group max: in registers, then across the lanes sharing the group
+                for j in T.unroll(rounds):
+                    if in_dtype == "bfloat16":
+                        # bf16 pairs stay packed: a NaN-keeping max on |x| (exact, like the fp32 one),
+                        # one widening per lane at the end.  Widening every element to fp32
+                        # here let the compiler keep 64 fp32 copies alive for the scaling (spills).
+                        pmax[0] = T.reinterpret(T.abs2(xv[j * ppt, T.Ramp(0, 1, 2)]), T.uint32)
+                        for i in T.unroll(1, ppt * piece // 2):
+                            pmax[0] = bf16x2_max_nan(pmax[0], T.reinterpret(
+                                T.abs2(xv[j * ppt + 2 * i // piece, T.Ramp(2 * i % piece, 1, 2)]), T.uint32))
+                        pair[T.Ramp(0, 1, 2)] = T.reinterpret(pmax[0], "bfloat16x2")
+                        amax[j] = max_nan(T.cast(pair[0], T.float32), T.cast(pair[1], T.float32))
+                    else:
+                        amax[j] = T.float32(0)
+                        for i in T.unroll(ppt * piece):
+                            amax[j] = max_nan(amax[j], T.abs(xv[j * ppt + i // piece, i % piece]))
+                if per_row:
+                    for s in T.unroll(5):
+                        if (1 << s) < lanes_per_row:
+                            amax[0] = max_nan(amax[0], T.shfl_xor(amax[0], 1 << s))
+                    if lanes_per_row > WARP:
+                        # rows wider than a warp: exchange the warp maxima (uniform branch)
+                        if tid % WARP == 0:
+                            warp_max[tid // WARP] = amax[0]
+                        T.sync_threads()
+                        warps_per_row = lanes_per_row // WARP
+                        first = (tid // WARP) - (tid // WARP) % warps_per_row
+                        amax[0] = warp_max[first]
+                        for w in T.unroll(1, THREADS // WARP):
+                            if w < warps_per_row:
+                                amax[0] = max_nan(amax[0], warp_max[first + w])
+                else:
+                    for j in T.unroll(rounds):
+                        for s in T.unroll(tpg.bit_length() - 1):
+                            amax[j] = max_nan(amax[j], T.shfl_xor(amax[j], 1 << s))
+
+                # ---- factors
+                for j in T.unroll(rounds):
+                    if read_sf != 0:
+                        sf_inv[j] = T.float32(1)
+                        if row_ok and group_of(slot, j) < num_groups:
+                            given = T.reinterpret(
+                                sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride], T.float32)
+                            sf_inv[j] = T.float32(1) / given
+                    else:
+                        scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, j)
+
+                # ---- store the factors: one 32-bit word per group (fp32) or per 4 groups (UE8M0)
+                if read_sf == 0:
+                    if packed_sf != 0:
+                        word = T.uint32(0)
+                        for j in T.unroll(rounds):
+                            if group_of(slot, j) < num_groups:
+                                word = word | (sf_bits[j] << T.uint32(8 * ((group_of(slot, j)) % 4)))
+                        if not per_row:
+                            # the slots of one word are consecutive lanes of this warp: gather their bytes
+                            part = word
+                            for m in T.unroll(1, slots_per_word):
+                                word = word | T.shfl_down(part, m * tpg)
+                        if row_ok and lane == 0 and slot % slots_per_word == 0 and group_of(slot, 0) < num_groups:
+                            sf[row * sf_row_stride + (group_of(slot, 0) // 4) * sf_col_stride] = word
+                    else:
+                        for j in T.unroll(rounds):
+                            if row_ok and lane == 0 and group_of(slot, j) < num_groups:
+                                sf[row * sf_row_stride + group_of(slot, j) * sf_col_stride] = sf_bits[j]
+
+                # ---- quantize and store
+                if write_out != 0:
+                    for j in T.unroll(rounds):
+                        for k in T.unroll(ppt):
+                            if row_ok and piece_of(slot, lane, j, k, lanes_per_row) < row_pieces:
+                                if e5m6:
+                                    # eight 12-bit codes, first in the high bits, in three words
+                                    vals = [T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j] for u in range(piece)]
+                                    if in_dtype == "bfloat16":
+                                        # sf_inv a finite power of two >= 1 (round_sf, amax <= MAX): every
+                                        # product's low 16 bits are zero (uniform per row)
+                                        sfb = T.reinterpret(sf_inv[j], T.uint32)
+                                        if (sfb & T.uint32(0x7FFFFF)) == T.uint32(0) and sfb >= T.uint32(0x3F800000) \
+                                                and sfb < T.uint32(0x7F800000):
+                                            T.evaluate(T.call_extern("void", "tka_e5m6_pack8_short", T.address_of(codes[0]), *vals))
+                                        else:
+                                            T.evaluate(T.call_extern("void", "tka_e5m6_pack8", T.address_of(codes[0]), *vals))
                                     else:
                                         T.evaluate(T.call_extern("void", "tka_e5m6_pack8", T.address_of(codes[0]), *vals))
+                                    p_out = piece_of(slot, lane, j, k, lanes_per_row)
+                                    for u in T.unroll(3):
+                                        out[row, p_out, u] = codes[u]
+                                elif fmt == "e4m3" or hw_fp4:
+                                    for u in T.vectorized(piece):
+                                        out[row, piece_of(slot, lane, j, k, lanes_per_row), u] = T.cast(
+                                            T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
                                 else:
-                                    T.evaluate(T.call_extern("void", "tka_e5m6_pack8", T.address_of(codes[0]), *vals))
-                                p_out = piece_of(slot, lane, j, k, lanes_per_row)
-                                for u in T.unroll(3):
-                                    out[row, p_out, u] = codes[u]
-                            elif fmt == "e4m3" or hw_fp4:
-                                for u in T.vectorized(piece):
-                                    out[row, piece_of(slot, lane, j, k, lanes_per_row), u] = T.cast(
-                                        T.cast(xv[j * ppt + k, u], T.float32) * sf_inv[j], out_dtype)
-                            else:
-                                for b in T.unroll(out_width):
-                                    lo = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
-                                    hi = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
-                                    packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
-                                for b in T.vectorized(out_width):
-                                    out[row, piece_of(slot, lane, j, k, lanes_per_row), b] = packed[b]
+                                    for b in T.unroll(out_width):
+                                        lo = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b], T.float32) * sf_inv[j])
+                                        hi = e2m1_nibble(T.cast(xv[j * ppt + k, 2 * b + 1], T.float32) * sf_inv[j])
+                                        packed[b] = T.cast(lo | (hi << T.uint32(4)), T.uint8)
+                                    for b in T.vectorized(out_width):
+                                        out[row, piece_of(slot, lane, j, k, lanes_per_row), b] = packed[b]
 
     return per_token_cast
 
@@ -792,8 +858,10 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
 
 def host_constants(in_dtype: str, fmt: str, group: int) -> dict:
     """The layout the host needs for the thread count of a row: lanes per group and
-    groups per lane of a grouped config (0 for one group per row)."""
+    groups per lane of a grouped config (0 for one group per row), and the groups per warp of
+    the factors-only layout (0 where the config has none)."""
+    warp_groups = WARP_SF_GROUPS if in_dtype == "float32" and group == 128 else 0
     if group == 0:  # one group per row, or a pre-quantized input (group size at run time)
-        return {"lanes_per_group": 0, "groups_per_lane": 0}
+        return {"lanes_per_group": 0, "groups_per_lane": 0, "sf_only_warp_groups": warp_groups}
     tpg, _, rounds = _group_layout(in_dtype, group)
-    return {"lanes_per_group": tpg, "groups_per_lane": rounds}
+    return {"lanes_per_group": tpg, "groups_per_lane": rounds, "sf_only_warp_groups": warp_groups}

@@ -136,7 +136,13 @@ SCHEMA = Schema(
             outs=[OUT_SF],
             returns=["out_sf"],
             reference="tile_kernels_aot.torch.quant.per_token_cast_with_sf_only",
-            samples=_samples(),
+            # float32 in groups of 128 takes the warp layout here (8 groups per warp): a partial last
+            # group and warp, fp32 factors row-major and column-major
+            samples=_samples(
+                Sample("fp32 g128, hidden 576 (a partial group)", 1000, [Randn(["T", 576], "float32"), "e4m3", 128]),
+                Sample("fp32 to e2m1 g128, hidden 4224 (33 groups), col-major", 1001,
+                       [Randn(["T", 4224], "float32"), "e2m1", 128], {"use_tma_aligned_col_major_sf": True}),
+            ),
             dims=DIMS,
             doc="The out_sf of per_token_cast alone (x is read, nothing else is written).",
         ),
