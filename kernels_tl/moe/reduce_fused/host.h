@@ -5,10 +5,6 @@
 
 namespace tka::moe_reduce_fused::reduce_fused {
 
-// items per thread in a full grid (the positions of a block's first item are its one round trip
-// without rows; later items' positions travel with the previous item's rows)
-constexpr int64_t kItemsPerThread = 2;
-
 struct Plan {
   int64_t num_rows, hidden, num_tokens, num_topk;
   int64_t sms;  // the device's SMs (132 for a tensor off CUDA)
@@ -52,13 +48,10 @@ inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 
 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   const int64_t lanes = p.hidden / c.elements_per_lane;
-  // each thread walks its items (token, lane) with a stride of the grid's threads, about
-  // kItemsPerThread of them: many short blocks, scheduled as SMs free up, rather than one wave
-  // of long ones (whose threads end unevenly: a tail); at least one full wave while there are
-  // items for it (decode: one item per thread, the blocks spread over every SM)
+  // a grid of at most one wave (every block resident at once); each thread walks its items
+  // (token, lane) with a stride of the grid's threads
   const int64_t items = p.num_tokens * lanes;
-  const int64_t wave = std::min<int64_t>(ceil_div(items, c.threads), p.sms * c.blocks_per_sm);
-  const int64_t blocks = std::max<int64_t>(ceil_div(items, c.threads * kItemsPerThread), wave);
+  const int64_t blocks = std::min<int64_t>((items + c.threads - 1) / c.threads, p.sms * c.blocks_per_sm);
   TKA_CHECK(items + blocks * c.threads <= 2147483647, "token_topk_to_pos", "has too many rows for one launch");
   TKA_CHECK(aligned(o.out.data, 16), "out", "must start 16-byte aligned");
   k.x = a.x.data;

@@ -16,12 +16,10 @@ Bound by memory: the routed rows of ``x`` are read once (gathered), ``out`` writ
   pieces of its token's row (128 bytes), ``lane + j * lanes_per_row`` (interleaved, so each
   warp instruction covers 512 contiguous bytes); ``lanes_per_row = hidden / (PIECES * piece)``
   exactly, since ``hidden % 256 == 0``: no tail, no guard per piece.
-* An item is (token, lane).  The grid's size is the host's run-time choice (``num_blocks``
-  blocks of 128 threads: a few items per thread, at least one wave of ``blocks_per_sm``
-  blocks per SM while there are items for it); thread ``f`` takes items ``f, f + stride, ..``
-  (``stride`` = the grid's threads), the token and lane advanced by a fixed quotient and
-  remainder (no division per item; the host bounds ``items + stride`` below 2^31).  The
-  output does not depend on the grid: each item is one thread's, summed in ``k`` order.
+* An item is (token, lane).  The grid is at most one wave (``blocks_per_sm`` blocks of 128
+  threads per SM, the host's choice from the SM count); thread ``f`` takes items ``f, f +
+  stride, ..`` (``stride`` = the grid's threads), the token and lane advanced by a fixed
+  quotient and remainder (no division per item; the host bounds ``items + stride`` below 2^31).
 * An item's time is memory round trips, so the positions travel one item ahead, in
   registers: while item ``i``'s first group of rows is in flight, the thread loads item
   ``i + 1``'s positions (slots ``0 .. KC - 1``, ``KC = 8``) and resolves them at once

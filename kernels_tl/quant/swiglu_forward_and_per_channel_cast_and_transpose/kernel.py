@@ -49,9 +49,8 @@ the math.
 Untransposed output (``without_transpose``; 16-byte pieces, 8-byte stores): lane ``L`` of
 warp ``w`` owns the 8 channels ``8 * (L % 8) ...`` of the tile (4 words of each half row,
 one 16-byte piece) for the 4 tokens ``16 * w + L // 8 + 4 * k`` (k = 0..3).  A lane's 8
-pieces (4 tokens x l, r) go out at once as ``cp.async`` copies into its own shared-memory
-slots (a warp copies 4 whole 128-byte tile rows per piece), one group per token; the lane
-waits for each token's group and reads its pieces back (16-byte shared loads).
+pieces (4 tokens x l, r) are 16-byte loads into registers (a warp load reads 4 whole
+128-byte tile rows).
 
 * amax: a lane's 4 tokens per word (``max.NaN.bf16x2``), then the warp's 16 tokens
   (``shfl.xor`` 8 and 16); lanes 0-7 put the warp's 32 words in shared memory.  After a
@@ -72,7 +71,6 @@ expectation and the measured times are in ``notes.md``.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
 from kernels_tl.fp_pack import DEVICE_SOURCE as PACK_SOURCE
 from kernels_tl.fp_pack import bf16x2, e4m3x4
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
@@ -111,10 +109,6 @@ PASS_CONFIGS = {
     # the untransposed kernel's two shared buffers stay apart: overlaid (the first is dead
     # when the second is written), the second would need a third barrier
     "tl.disable_shared_memory_reuse": True,
-    # the barriers are the kernels' own (T.sync_threads): TileLang's planner would add one
-    # before the untransposed kernel's first shared store, which cannot conflict with the
-    # cp.async slots (a thread reads only its own, after its cp.async wait)
-    "tl.disable_thread_storage_sync": True,
 }
 DEVICE_SOURCE = NAN_MAX_SOURCE + PACK_SOURCE
 # one 8-byte store of two words at an 8-byte aligned global address (nvcc splits a
@@ -274,9 +268,6 @@ def swiglu_forward_and_per_channel_cast_and_transpose_kernel(transposed: int, cl
         amax = T.alloc_local((LANE_WORDS,), T.uint32)  # |act| maxima of the lane's 4 words
         inv = T.alloc_local((LANE_CHANNELS,), T.float32)  # the lane's 8 inverse factors
         q = T.alloc_local((2,), T.uint32)  # one token's 8 fp8 bytes
-        # the thread's 8 input pieces: piece p = 2 k (+1: right half) of thread t at byte
-        # 16 (256 p + t) (a warp's 16-byte reads are contiguous)
-        x_smem = T.alloc_shared((2 * LANE_TOKENS * THREADS * LANE_WORDS,), T.uint32)
         # the warps' |act| maxima (bf16 pairs over their 16 tokens), then the inverse
         # factors of each token group (4 groups of 32 tokens, or 1 of 128) and channel
         amax_smem = T.alloc_shared((THREADS // WARP * TILE_CHANNELS // 2,), T.uint32)
@@ -291,22 +282,14 @@ def swiglu_forward_and_per_channel_cast_and_transpose_kernel(transposed: int, cl
         cw = T.Cast(T.int64, bx) * (TILE_CHANNELS // 2) + chunk * LANE_WORDS  # first word in the half row
         row0 = by * TILE_TOKENS + warp * WARP_TOKENS + lane // LANES_PER_ROW  # tokens row0 + 4 k
 
-        # all 8 pieces in flight at once: 16-byte cp.async copies into the thread's own slots
-        # (a warp copies 4 whole 128-byte tile rows per piece), one group per token; with
-        # plain 16-byte loads ptxas issues only 3-4 of the 8 before the math and the rest
-        # between it
+        # the 8 pieces as 16-byte loads into registers (a warp load reads 4 whole 128-byte tile
+        # rows); ptxas issues 3-4 of them before the math and the rest between it
         for k in T.unroll(LANE_TOKENS):
-            T.evaluate(cp_async.copy16(x_smem[((2 * k) * THREADS + tid) * LANE_WORDS],
-                                       x[row0 + k * ROWS_PER_LOAD, cw]))
-            T.evaluate(cp_async.copy16(x_smem[((2 * k + 1) * THREADS + tid) * LANE_WORDS],
-                                       x[row0 + k * ROWS_PER_LOAD, hidden // 2 + cw]))
-            cp_async.commit()
+            for j in T.vectorized(LANE_WORDS):
+                xl[k * LANE_WORDS + j] = x[row0 + k * ROWS_PER_LOAD, cw + j]
         for k in T.unroll(LANE_TOKENS):
-            cp_async.wait(LANE_TOKENS - 1 - k)  # token k's group has landed
             for j in T.vectorized(LANE_WORDS):
-                xl[k * LANE_WORDS + j] = x_smem[((2 * k) * THREADS + tid) * LANE_WORDS + j]
-            for j in T.vectorized(LANE_WORDS):
-                xr[k * LANE_WORDS + j] = x_smem[((2 * k + 1) * THREADS + tid) * LANE_WORDS + j]
+                xr[k * LANE_WORDS + j] = x[row0 + k * ROWS_PER_LOAD, hidden // 2 + cw + j]
         _tile_activations(xl, xr, v, act, clamped, swiglu_clamp_value, counts, tmp)
 
         # |act| maxima per word: the lane's 4 tokens, then the warp's 16 (the 4 lanes of a chunk)
@@ -374,7 +357,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose_kernel(transposed: int, cl
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             T.import_source(DEVICE_SOURCE + (BF16X2_MIN_SOURCE if clamped else "")
-                            + ("" if transposed else cp_async.DEVICE_SOURCE + STORE_SOURCE))
+                            + ("" if transposed else STORE_SOURCE))
             # 32-bit words: two bf16 channels of x (rebinding keeps the parameter called `x`)
             x = T.view(x, (num_tokens, hidden), T.uint32)
             if transposed:
