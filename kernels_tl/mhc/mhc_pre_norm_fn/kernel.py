@@ -25,7 +25,7 @@ lane ``l`` adds its squares in ``(i, e)`` order from +0, the 32 lanes of a group
 (xor 16, 8, 4, 2, 1: IEEE addition is commutative, so both lanes of a pair hold the reference's
 sum), the 8 group sums in the tree above.
 
-Layout: a tile of ``TOKENS`` (64) tokens is one block of 256 threads (8 warps, two per
+Layout: a tile of ``tile_tokens`` (64 or 128; static) tokens is one block of 256 threads (8 warps, two per
 scheduler), or a cluster of ``cluster`` blocks (static: 1, 2, 4 or 8) that split the 8 phases
 between them.  A block walks its phases' steps in one pipelined loop: the tile's 64 x 128 bf16
 slice of x, the 24 x 128 float32 slice of ``mhc_fn`` and the 128 norm weights go to shared
@@ -36,9 +36,12 @@ B tile; after the step's barrier the block runs ``T.gemm`` as mma.sync m16n8k16 
 (wgmma disabled: its operands are read by ldmatrix, generic loads, so no proxy fence sits in
 the loop; warps 4 x 2 over M x N, k-steps of 16 in order) and every thread adds its 8 tokens'
 squares of its lane.  A phase ends with the accumulator dumped to
-shared memory and each output's ``hi + lo`` and each token's lane-group square sum stored as
-that phase's partials; the last step's partials meet (through distributed shared memory in a
-cluster) in the fixed tree.  K is a run-time value (a multiple of 1024); ``mhc_mult`` and
+shared memory, each output's ``hi + lo`` pushed onto its thread's register stack of the block's
+phase tree (the last phase stores the block's subtree sum) and each token's lane-group square
+sum stored as that phase's partial; after the loop the blocks' subtree sums and the square
+partials meet (through distributed shared memory in a cluster) in the fixed tree.  At 128
+tokens one step's W slice (and its hi / lo conversion) serves twice the tokens of a 64-token
+tile: half the L2 reads of W per token.  K is a run-time value (a multiple of 1024); ``mhc_mult`` and
 ``cluster`` are static.  Token and K offsets are 64-bit.
 """
 
@@ -55,11 +58,12 @@ SPAN = LANES * PIECE  # K must be a multiple of this
 GROUP = 32  # lanes per lane group (one phase)
 GROUPS = LANES // GROUP  # 8
 CHUNK = GROUP * PIECE  # K elements per step (128)
-TOKENS = 64  # tokens per tile (4 warps of m16 along M)
+TILES = (64, 128)  # tokens per tile (static ``tile_tokens``)
 THREADS = 256  # two warpgroups (8 warps: two per scheduler)
 WARPS = THREADS // WARP
-TOKENS_PER_WARP = TOKENS // WARPS  # 8 tokens' squares per thread
-STAGES = 4  # ring slots
+# ring slots: 4 at 64 tokens (28 KB of x and W per slot), 3 at 128 (44 KB per slot; 4 would not
+# fit shared memory): 84 / 88 KB in flight
+STAGES_OF = {64: 4, 128: 3}
 CLUSTERS = (1, 2, 4, 8)
 # Every shared-memory barrier is placed by hand (one per step, one at a phase end, the final
 # ones) and every index is in bounds by construction (x rows past the end clamp to the last
@@ -84,7 +88,7 @@ __device__ __forceinline__ void tka_normfn_cp16(void* dst, const void* base, lon
 }
 __device__ __forceinline__ void tka_normfn_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void tka_normfn_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(""" + str(STAGES - 2) + r""") : "memory");
+  asm volatile("cp.async.wait_group %0;" :: "n"(@PENDING@) : "memory");
 }
 __device__ __forceinline__ void tka_normfn_proxy_fence() {
 #if __CUDA_ARCH__ >= 900
@@ -107,8 +111,8 @@ def _uses_wgmma() -> bool:
     return not bool(ctx.config.get("tl.disable_wgmma", False))
 
 
-def host_constants(mhc_mult, cluster):
-    return {"span": SPAN, "tokens_per_block": TOKENS}
+def host_constants(mhc_mult, cluster, tile_tokens):
+    return {"span": SPAN, "tokens_per_block": tile_tokens}
 
 
 def _tf32_bits(value):
@@ -135,25 +139,36 @@ def _groups_tree(res, size, phases, at, remote):
     return _pair_tree([res[g * size + at] for g in range(GROUPS)])
 
 
-def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
-    assert cluster in CLUSTERS
+def _ranks_tree(res, at, cluster):
+    """The pairwise sum over the cluster's blocks (rank order) of ``res[at]``."""
+    if cluster == 1:
+        return res[at]
+    return _pair_tree([T.call_extern(T.float32, "tka_cluster_load_f32", T.address_of(res[at]), r)
+                       for r in range(cluster)])
+
+
+def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
+    assert cluster in CLUSTERS and tile_tokens in TILES
+    TOKENS = tile_tokens
+    STAGES = STAGES_OF[TOKENS]
+    TOKENS_PER_WARP = TOKENS // WARPS  # tokens' squares per thread (8 or 16)
     m3 = mhc_mult * (mhc_mult + 2)
     n = 2 * m3  # GEMM columns: [hi; lo]
     assert n % 8 == 0 and n <= 256  # a wgmma / mma N
-    cols = m3 + 1  # per token and phase: the m3 dot partials and the square sum
     phases = GROUPS // cluster  # lane groups per block
+    levels = phases.bit_length() - 1  # depth of the phase tree inside a block (3, 2, 1, 0)
     x_chunks = CHUNK * 2 // 16  # 16-byte pieces of a token row's step slice (16)
-    x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (4)
+    x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (4 or 8)
     x_rows = THREADS // x_chunks  # token rows one pass covers (16)
     w_chunks = CHUNK * 4 // 16  # 16-byte pieces of a W row's step slice (32)
     assert (m3 * w_chunks) % THREADS == 0 and w_chunks == WARP
     w_passes = m3 * w_chunks // THREADS  # W copies per thread and step (3)
     w_rows = THREADS // w_chunks  # W rows one pass covers (8)
-    outs_per_thread = TOKENS * m3 // THREADS  # phase-end partials per thread (6)
+    outs_per_thread = TOKENS * m3 // THREADS  # phase-end partials per thread (6 or 12)
     assert TOKENS * m3 % THREADS == 0
     assert x_passes * THREADS == TOKENS * x_chunks and w_passes * THREADS == m3 * w_chunks
     wgmma = _uses_wgmma()
-    source = ASYNC_SOURCE + (CLUSTER_LOAD_SOURCE if cluster > 1 else "")
+    source = ASYNC_SOURCE.replace("@PENDING@", str(STAGES - 2)) + (CLUSTER_LOAD_SOURCE if cluster > 1 else "")
     num_tokens = T.dynamic("num_tokens", "int64")
     chunks = T.dynamic("chunks")  # K / CHUNK
 
@@ -204,7 +219,11 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
             nws = T.alloc_shared((STAGES, WARPS, CHUNK), T.float32)
             wb = T.alloc_shared((2, n, CHUNK), T.bfloat16)
             dump = T.alloc_shared((TOKENS, n), T.float32)
-            res = T.alloc_shared((phases * TOKENS * cols,), T.float32)
+            # the block's phase-tree sum of each output, and each phase's square sums
+            res = T.alloc_shared((TOKENS * m3,), T.float32)
+            res_sq = T.alloc_shared((phases * TOKENS,), T.float32)
+            # this thread's outputs' pending left operands of the phase tree, level by level
+            stack = T.alloc_local((max(levels, 1), outs_per_thread), T.float32)
             acc = T.alloc_fragment((TOKENS, n), T.float32)
             sq = T.alloc_local((TOKENS_PER_WARP,), T.float32)
             xv = T.alloc_local((PIECE,), T.bfloat16)
@@ -316,17 +335,44 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                         for m in T.unroll(5):
                             v = v + T.shfl_xor(v, 16 >> m)
                         if a == 0:
-                            res[phase * (TOKENS * cols) + (warp * TOKENS_PER_WARP + k) * cols + m3] = v
+                            res_sq[phase * TOKENS + warp * TOKENS_PER_WARP + k] = v
                         sq[k] = T.float32(0)
                     T.sync_threads()
+                    # output tid + q * THREADS: this phase's hi + lo into the phase tree
+                    # ((p0 + p1) + (p2 + p3)) + ... of the block's phases, kept in registers:
+                    # at bit b of the local phase clear the sum so far waits at level b, set it
+                    # is added to the right of level b's; the last phase's sum goes to res
                     for q in T.unroll(outs_per_thread):
-                        res[phase * (TOKENS * cols) + ((tid + q * THREADS) // m3) * cols + (tid + q * THREADS) % m3] = (
-                            dump[(tid + q * THREADS) // m3, (tid + q * THREADS) % m3]
-                            + dump[(tid + q * THREADS) // m3, m3 + (tid + q * THREADS) % m3])
+                        v = (dump[(tid + q * THREADS) // m3, (tid + q * THREADS) % m3]
+                             + dump[(tid + q * THREADS) // m3, m3 + (tid + q * THREADS) % m3])
+                        if levels == 0:
+                            res[tid + q * THREADS] = v
+                        else:
+                            if phase % 2 == 0:
+                                stack[0, q] = v
+                            else:
+                                v = stack[0, q] + v
+                                if levels == 1:
+                                    res[tid + q * THREADS] = v
+                                else:
+                                    if (phase // 2) % 2 == 0:
+                                        stack[1, q] = v
+                                    else:
+                                        v = stack[1, q] + v
+                                        if levels == 2:
+                                            res[tid + q * THREADS] = v
+                                        else:
+                                            if (phase // 4) % 2 == 0:
+                                                stack[2, q] = v
+                                            else:
+                                                res[tid + q * THREADS] = stack[2, q] + v
                     phase += 1
 
-            # the 8 phases' partials of each output, pairwise; in a cluster every block's res is
-            # read through distributed shared memory, each block writing a share of the tile
+            # the 8 phases' partials of each output, pairwise: each block's res holds the sum of
+            # its aligned subtree (phases rank * phases ..), so the cluster's blocks meet
+            # pairwise in rank order; the square sums meet in the same tree from res_sq.  In a
+            # cluster every block's res is read through distributed shared memory, each block
+            # writing a share of the tile
             if cluster > 1:
                 cluster_sync()
             else:
@@ -336,8 +382,8 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster):
                 if tid + q * THREADS < share:
                     tt = (rank * share + tid + q * THREADS) // m3
                     j = (rank * share + tid + q * THREADS) % m3
-                    total = _groups_tree(res, TOKENS * cols, phases, tt * cols + j, cluster > 1)
-                    ssum = _groups_tree(res, TOKENS * cols, phases, tt * cols + m3, cluster > 1)
+                    total = _ranks_tree(res, tt * m3 + j, cluster)
+                    ssum = _groups_tree(res_sq, TOKENS, phases, tt, cluster > 1)
                     if t0 + tt < num_tokens:
                         out[t0 + tt, j] = T.ieee_mul(total, T.rsqrt(T.ieee_add(T.ieee_fdiv(ssum, features), eps)))
             if cluster > 1:

@@ -1,6 +1,6 @@
-"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster); the token count and K = mhc_mult *
-hidden (a multiple of 1024) are run-time values, and the host picks the cluster size (blocks
-per 64-token tile: 1, 2, 4 or 8) from the token count and K."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, tile_tokens); the token count and K =
+mhc_mult * hidden (a multiple of 1024) are run-time values, and the host picks the tile (64 or
+128 tokens) and the cluster size (blocks per tile: 1, 2, 4 or 8) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -28,17 +28,19 @@ _SAMPLES = [
     Sample("upstream split-K: 48 tokens, hidden 7168", 48, _args(7168, False)),
     Sample("upstream split-K: 512 tokens, hidden 1280", 512, _args(1280, False)),
     Sample("options: fuse_grad_acc=False, n_splits=1", 77, _args(2560, True), {"fuse_grad_acc": False, "n_splits": 1}),
-    # the host's cluster size (host.h pick_cluster, 64-token tiles, 132 SMs): 1 at the 8192-token
-    # samples, 2 at 4096 tokens (and 4100: a partial last tile), 4 at 2048 tokens, 8 at decode, the
-    # 1000-token samples and the split-K rows.  The two samples below keep the names they had
-    # with 32-token tiles (cluster 1 and 2 then); they now run cluster 2 and 4.
+    # the host's layout (host.h pick_layout, 132 SMs): 64-token tiles with cluster 8 at decode, the
+    # 1000-token samples and the split-K rows, cluster 2 at 4100 tokens (a partial last tile);
+    # 128-token tiles with cluster 2 at 8192 / 8200 tokens (8200: a partial last tile), 4 at 4096,
+    # 8 at 2048, 1 at 16384 tokens x hidden 1280.  The names of the next samples predate the
+    # current layouts (they keep their inputs).
     Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
     Sample("cluster 1, partial tile: 8200 tokens, hidden 2560", 8200, _args(2560, False)),
+    Sample("128-token tiles, cluster 1: 16384 tokens, hidden 1280", 16384, _args(1280, False)),
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult", "cluster"),
+    static=("mhc_mult", "cluster", "tile_tokens"),
     ops=[
         Op(
             module="mhc",
