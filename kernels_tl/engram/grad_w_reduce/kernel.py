@@ -15,17 +15,23 @@ The sum over ``P`` is one chain per column, so the parallelism is in the columns
 memory-level parallelism must come from rows requested ahead of the chain.  Blocks of one
 warp; lane ``l`` of block ``b`` owns the four columns ``4 * (32 * b + l) .. + 3`` (a warp: 128
 columns, 512 contiguous bytes of each row).  The rows stream through a ring of ``STAGES``
-groups of ``ROWS`` rows in shared memory (160 rows, 80 KB), filled by ``cp.async`` (16 bytes a
-lane and row, no registers held), so that every row up to ``P = 160`` (132 on an H200, 148 on
-a B200) is requested at once: 68 KB a warp at ``P = 132``; two warps fit on an SM, and the 224
-warps of hidden 7168 (hc_mult 4) are one wave.  The lane waits for one group at a time (the
-ring keeps ``STAGES - 1`` later groups in flight), adds its rows in order and refills the
-group's slots with the group ``STAGES`` further on (only when ``P > 160``).  A lane reads only
-the slots it filled itself: its wait alone makes them visible, and no barrier is needed.
+groups of ``ROWS`` rows in shared memory (160 rows, 80 KB), so that every row up to
+``P = 160`` (132 on an H200, 148 on a B200) is requested at once; two blocks fit on an SM, and
+the 224 blocks of hidden 7168 (hc_mult 4) are one wave.  The lane waits for one group at a
+time, adds its rows in order and refills the group's slots with the group ``STAGES`` further
+on (only when ``P > 160``).
 
-Columns are copied 16 bytes at a time when ``hc_mult * hidden`` is a multiple of 4 and the
-partial sums start 16-byte aligned (the host's ``vec`` flag), else 4 bytes at a time with a
-guard per column.  ``P``, the columns and the shapes are run-time values (one cubin); row
+Aligned rows (``hc_mult * hidden`` a multiple of 4 and the partial sums 16-byte aligned: the
+host's ``vec`` flag) are fetched by the TMA engine: one 1-D bulk copy (``cp.async.bulk``) per
+row of the block's columns (up to 512 bytes), lane ``u`` copying row ``u`` of each group, every
+group completing its own mbarrier (one per ring slot, parity = the slot's use count).  Bulk
+copies do not go through the L1's miss tracking, so one warp keeps all of its 66 KB (P = 132)
+in flight.  Before a slot is refilled every lane has read it (``__syncwarp``), and a proxy
+fence orders those reads before the bulk copies' writes.
+
+Other rows take the 4-byte form: ``cp.async.ca`` copies, one per column (guarded), waited for
+with ``cp.async.wait_group``.  A lane reads only the slots it filled itself, so its wait alone
+makes them visible.  ``P``, the columns and the shapes are run-time values (one cubin); row
 offsets are 64-bit.
 """
 
@@ -37,18 +43,52 @@ from kernels_tl.engram import cp_async
 WARP = 32
 VEC = 4  # columns per lane (16 bytes of fp32)
 SPAN = WARP * VEC  # columns per block
-ROWS = 10  # rows per group
-STAGES = 16  # groups in the ring (wait counts up to STAGES - 1 <= cp_async.MAX_GROUPS)
+ROWS = 16  # rows per group (lane u < ROWS issues the group's row u)
+STAGES = 10  # groups in the ring (wait counts up to STAGES - 1 <= cp_async.MAX_GROUPS)
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
-                # shared memory is written by cp.async (unseen by TileLang); each lane reads
-                # only its own slots, after its own wait
+                # shared memory is written by cp.async / cp.async.bulk (unseen by TileLang);
+                # each lane reads its slots after its own wait
                 "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True}
 
-# 4-byte copies for the unaligned path (cp.async.ca: the 4-byte form)
-SCALAR_SOURCE = r"""
+# 4-byte copies for the unaligned path (cp.async.ca: the 4-byte form); 1-D bulk copies and
+# mbarriers for the aligned path.
+DEVICE_SOURCE = r"""
 __device__ __forceinline__ void tka_cp_async_4(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ unsigned tka_smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// one thread: every barrier of the ring expects one arrival; the fences make the
+// initialisation visible to the TMA engine (the async proxy)
+__device__ __forceinline__ void tka_gwr_init_barriers(void* bars, int n) {
+  for (int i = 0; i < n; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(tka_smem_addr(static_cast<unsigned long long*>(bars) + i)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// the arrival of a barrier's phase, announcing the bytes its copies bring
+__device__ __forceinline__ void tka_gwr_expect(void* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(tka_smem_addr(bar)), "r"(bytes) : "memory");
+}
+// one 1-D bulk copy (16-byte aligned, a multiple of 16 bytes) completing on ``bar``
+__device__ __forceinline__ void tka_gwr_bulk(void* smem, const void* gmem, int bytes, void* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(tka_smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(tka_smem_addr(bar)) : "memory");
+}
+// wait for the phase of parity ``parity`` (acquire: the copies' bytes are visible after it)
+__device__ __forceinline__ void tka_gwr_wait(void* bar, int parity) {
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(tka_smem_addr(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+// the warp's shared-memory reads of a slot, before the bulk copies that refill it
+__device__ __forceinline__ void tka_gwr_release() {
+  __syncwarp();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 """
 
@@ -57,26 +97,53 @@ def _copy4(dst, src):
     return T.call_extern("void", "tka_cp_async_4", T.address_of(dst), T.address_of(src))
 
 
+def _syncwarp():
+    return T.call_extern("void", "__syncwarp")
+
+
 @T.macro
-def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, lane, vec):
-    """Group ``group``'s rows of the lane's columns into its ring slot, then one commit (an
-    empty group past the last row)."""
-    if vec == 1:
-        if col0 < num_cols:
-            for u in T.unroll(ROWS):
-                if group * ROWS + u < num_rows:
-                    T.evaluate(cp_async.copy16(ring[group % STAGES, u, lane, 0], grad_w_partial[group * ROWS + u, col0]))
-    else:
-        for u in T.unroll(ROWS):
-            if group * ROWS + u < num_rows:
-                for i in T.unroll(VEC):
-                    if col0 + i < num_cols:
-                        T.evaluate(_copy4(ring[group % STAGES, u, lane, i], grad_w_partial[group * ROWS + u, col0 + i]))
+def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, lane):
+    """4-byte form: group ``group``'s rows of the lane's columns into its ring slot, then one
+    commit (an empty group past the last row)."""
+    for u in T.unroll(ROWS):
+        if group * ROWS + u < num_rows:
+            for i in T.unroll(VEC):
+                if col0 + i < num_cols:
+                    T.evaluate(_copy4(ring[group % STAGES, u, lane, i], grad_w_partial[group * ROWS + u, col0 + i]))
     cp_async.commit()
 
 
+@T.macro
+def _expect(bars, group, num_rows, row_bytes, lane):
+    """Bulk form, lane 0: the arrival of group ``group``'s barrier phase with its bytes."""
+    if lane == 0:
+        T.evaluate(T.call_extern("void", "tka_gwr_expect", T.address_of(bars[group % STAGES]),
+                                 T.Cast("int32", T.min(num_rows - group * ROWS, ROWS)) * row_bytes))
+
+
+@T.macro
+def _bulk(ring, bars, grad_w_partial, group, num_rows, block_col, row_bytes, lane):
+    """Bulk form: lane ``u`` copies row ``u`` of group ``group`` (the block's columns)."""
+    if lane < ROWS:
+        if group * ROWS + lane < num_rows:
+            T.evaluate(T.call_extern("void", "tka_gwr_bulk", T.address_of(ring[group % STAGES, lane, 0, 0]),
+                                     T.address_of(grad_w_partial[group * ROWS + lane, block_col]), row_bytes,
+                                     T.address_of(bars[group % STAGES])))
+
+
+@T.macro
+def _add_group(ring, vals, total, group, num_rows, lane):
+    """Add the lane's columns of group ``group``'s rows, in order."""
+    for u in T.unroll(ROWS):
+        if group * ROWS + u < num_rows:
+            for i in T.vectorized(VEC):
+                vals[i] = ring[group % STAGES, u, lane, i]
+            for i in T.unroll(VEC):
+                total[i] = total[i] + vals[i]
+
+
 def grad_w_reduce_kernel():
-    assert STAGES - 1 <= cp_async.MAX_GROUPS
+    assert STAGES - 1 <= cp_async.MAX_GROUPS and ROWS <= WARP
     num_rows = T.dynamic("num_rows", "int64")  # P
     num_cols = T.dynamic("num_cols", "int64")  # hc_mult * hidden
 
@@ -91,18 +158,33 @@ def grad_w_reduce_kernel():
     ):
         with T.Kernel(T.Cast("int32", T.ceildiv(num_cols, SPAN)), threads=WARP) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(cp_async.DEVICE_SOURCE + SCALAR_SOURCE)
+            T.import_source(cp_async.DEVICE_SOURCE + DEVICE_SOURCE)
             lane = T.get_thread_binding()
-            col0 = (T.Cast("int64", bid) * WARP + T.Cast("int64", lane)) * VEC
+            block_col = T.Cast("int64", bid) * SPAN
+            col0 = block_col + T.Cast("int64", lane) * VEC
             ring = T.alloc_shared((STAGES, ROWS, WARP, VEC), T.float32)
+            bars = T.alloc_shared((STAGES,), T.uint64)
             vals = T.alloc_local((VEC,), T.float32)
             total = T.alloc_local((VEC,), T.float32)
             side = T.alloc_local((4, VEC), T.float32)  # weight_hidden, weight_embed, and their gradients
             groups = T.ceildiv(num_rows, ROWS)
+            # bytes of one row's piece in this block (a multiple of 16 when vec == 1)
+            row_bytes = T.Cast("int32", T.min(num_cols - block_col, SPAN)) * 4
 
             # ---- the first STAGES groups in flight
-            for b in T.serial(STAGES):
-                _issue(ring, grad_w_partial, b, num_rows, num_cols, col0, lane, vec)
+            if vec == 1:
+                if lane == 0:
+                    T.evaluate(T.call_extern("void", "tka_gwr_init_barriers", T.address_of(bars[0]), STAGES))
+                T.evaluate(_syncwarp())
+                for b in T.serial(STAGES):
+                    if b < groups:
+                        _expect(bars, b, num_rows, row_bytes, lane)
+                T.evaluate(_syncwarp())
+                for b in T.serial(STAGES):
+                    _bulk(ring, bars, grad_w_partial, b, num_rows, block_col, row_bytes, lane)
+            else:
+                for b in T.serial(STAGES):
+                    _issue(ring, grad_w_partial, b, num_rows, num_cols, col0, lane)
 
             # ---- the weights and the gradients (their latency overlaps the rows')
             for i in T.unroll(VEC):
@@ -116,15 +198,21 @@ def grad_w_reduce_kernel():
                     side[3, i] = grad_weight_embed[col0 + i]
 
             # ---- one group at a time: wait, add its rows in order, refill its slots
-            for b in T.serial(groups):
-                cp_async.wait(STAGES - 1)
-                for u in T.unroll(ROWS):
-                    if b * ROWS + u < num_rows:
-                        for i in T.vectorized(VEC):
-                            vals[i] = ring[b % STAGES, u, lane, i]
-                        for i in T.unroll(VEC):
-                            total[i] = total[i] + vals[i]
-                _issue(ring, grad_w_partial, b + STAGES, num_rows, num_cols, col0, lane, vec)
+            if vec == 1:
+                for b in T.serial(groups):
+                    T.evaluate(T.call_extern("void", "tka_gwr_wait", T.address_of(bars[b % STAGES]),
+                                             T.Cast("int32", (b // STAGES) % 2)))
+                    _add_group(ring, vals, total, b, num_rows, lane)
+                    if b + STAGES < groups:
+                        T.evaluate(T.call_extern("void", "tka_gwr_release"))
+                        _expect(bars, b + STAGES, num_rows, row_bytes, lane)
+                        T.evaluate(_syncwarp())
+                        _bulk(ring, bars, grad_w_partial, b + STAGES, num_rows, block_col, row_bytes, lane)
+            else:
+                for b in T.serial(groups):
+                    cp_async.wait(STAGES - 1)
+                    _add_group(ring, vals, total, b, num_rows, lane)
+                    _issue(ring, grad_w_partial, b + STAGES, num_rows, num_cols, col0, lane)
 
             for i in T.unroll(VEC):
                 if col0 + i < num_cols:
