@@ -25,25 +25,24 @@ reads shared-memory slots it filled itself with ``cp.async``, so the warps never
 barrier and every wait is per thread.
 
 Per warp, shared memory holds the x row of its stream (``2 * H`` bytes, kept for the output
-pass), the w row of its stream (``4 * H`` bytes, float32, resident for the whole kernel) and
-a ring of one row of k or v (``2 * H`` bytes): ``8 * H`` bytes per warp, 224 KB per block at
-hc 4, H 7168 (one block, 4 warps per SM).  A token is ``2 * stages`` stages of ``chunk``
-steps (``stages = H / (256 * chunk)``, chunk 4 where it leaves two stages or more: 2 KB of k
-or v per warp and stage), the k stages (chunk ``i`` of x and w from their rows, k from ring
-slot ``i``: the three sums) and then the v stages (chunk ``i`` of x and v: the output).
-Every stage commits one copy group, and the ring has one slot per stage: consuming k stage
-``i`` frees slot ``i`` for v stage ``i`` of the token, consuming v stage ``i`` frees it for
-k stage ``i`` of the block's next token (together with x chunk ``i`` of the next token, in
-the same group), so ``stages`` groups are always committed ahead and a wait for "all but the
-newest ``stages - 1`` groups" finds the stage landed: the whole v row is in flight through
-the k pass and the gate, the next token's x and k rows through the output pass.
+pass) and a ring of ``RING`` slots of ``CHUNK`` pieces per lane (``RING * CHUNK * 512``
+bytes).  A token is ``2 * stages`` stages of ``CHUNK`` steps (``stages = H / (256 * CHUNK)``):
+the k stages (chunk ``i`` of x from the row, of k from the ring: the three sums, w from
+global one stage ahead in registers) and then the v stages (chunk ``i`` of x and of v: the
+output).  Every stage commits one copy group: when stage ``s`` is consumed, the copy of
+stage ``s + RING`` goes into the slot it freed (k of this token, v of this token, or k of the
+block's next token), so ``RING`` stages are always in flight and a wait for "all but the
+newest ``RING - 1`` groups" finds stage ``s`` landed.  A v stage also frees its x chunk, which
+takes the next token's x chunk in the same group: the next token's whole x row is in flight
+while the output pass runs, and its first k chunks while the gate is computed.  Stage ``i`` of
+the next token's x rides in the group of stage ``i + RING - stages <= i`` (``RING <= stages``),
+so the k stage that reads it waits for it too.
 
-The first token's group ``i`` also carries w of stage ``i`` (each lane its own pieces, two
-16-byte halves in separate rows so a warp's reads are contiguous); the first token's stage
-``i`` waits for it, and every later token reads w from shared memory without waiting: no
-k stage ever waits for an L2 round trip of its own.  Tokens, strides, ``num_blocks``, eps,
-clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time values; ``hc`` and
-``H`` are static.  Element offsets are 64-bit.
+``RING`` divides ``2 * stages``, so every stage's slot is static.  Shared memory is
+``hc * (2 * H + RING * CHUNK * 512)`` bytes (72 KB at hc 4, H 7168: 3 blocks, 12 warps per SM;
+each warp keeps up to 4 KB of k or v plus its x prefetch in flight).  Tokens, strides,
+``num_blocks``, eps, clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time
+values; ``hc`` and ``H`` are static.  Element offsets are 64-bit.
 """
 
 from tilelang import language as T
@@ -54,8 +53,7 @@ from kernels_tl.engram import cp_async
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
 SPAN = WARP * PIECE  # elements of a row one warp covers per step
-W_HALF = PIECE // 2  # float32 elements per 16-byte access of w
-MAX_CHUNK = 4  # steps per stage: 2 KB of k or v per warp
+RING_PIECES = 8  # 16-byte pieces per lane in the k/v ring (4 KB per warp)
 SMEM_PER_SM = 228 * 1024  # shared memory of one SM (sm_90, sm_100)
 SMEM_PER_BLOCK = 227 * 1024  # the most one block may have
 SMEM_RESERVED = 1024  # the driver's share per resident block
@@ -69,19 +67,26 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
 
 
 def _layout(hidden):
-    """(steps, chunk, stages): ``chunk`` steps per stage (the largest of 4, 2, 1 dividing the
-    steps that leaves at least two stages), ``stages = steps / chunk``; the ring has one slot
-    per stage (a whole row of k or v in flight)."""
+    """(steps, chunk, stages, ring): ``chunk`` steps per stage, ``ring`` slots, ``ring``
+    dividing ``2 * stages`` and at most ``stages``; the most ring pieces (up to
+    RING_PIECES), then the larger chunk."""
     assert hidden % SPAN == 0, "hidden must be a multiple of 256"
     steps = hidden // SPAN
-    chunk = next((c for c in (MAX_CHUNK, 2) if steps % c == 0 and steps // c >= 2), 1)
-    return steps, chunk, steps // chunk
+    best = None
+    for chunk in (1, 2):
+        if steps % chunk:
+            continue
+        stages = steps // chunk
+        ring = max(r for r in range(1, min(stages, RING_PIECES // chunk) + 1) if (2 * stages) % r == 0)
+        key = (ring * chunk, chunk)
+        if best is None or key > best[0]:
+            best = (key, (steps, chunk, stages, ring))
+    return best[1]
 
 
 def _smem_bytes(hc_mult, hidden):
-    """Per warp: its x row (bf16), its w row (float32) and a ring of one row of k or v (bf16)."""
-    steps, _, _ = _layout(hidden)
-    return hc_mult * steps * WARP * PIECE * (2 + 4 + 2)
+    steps, chunk, _, ring = _layout(hidden)
+    return hc_mult * (steps + ring * chunk) * WARP * PIECE * 2
 
 
 def _blocks_per_sm(hc_mult, hidden):
@@ -100,8 +105,7 @@ def _f32(value):
 
 
 def engram_gate_fwd_kernel(hc_mult, hidden):
-    steps, chunk, stages = _layout(hidden)
-    ring = stages  # one slot per stage
+    steps, chunk, stages, ring = _layout(hidden)
     assert _smem_bytes(hc_mult, hidden) <= SMEM_PER_BLOCK, "a block's rows must fit in shared memory"
     assert ring <= cp_async.MAX_GROUPS
     pieces = hidden // PIECE
@@ -146,15 +150,12 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
             b = T.Cast("int64", bid)
 
             x_s = T.alloc_shared((hc_mult, steps, WARP, PIECE), T.bfloat16)
-            # w of the warp's stream, resident for the whole kernel; the two 16-byte halves of a
-            # lane's piece in separate rows, so that a warp's 16-byte reads are contiguous
-            w_s = T.alloc_shared((hc_mult, steps, 2, WARP, W_HALF), T.float32)
             ring_s = T.alloc_shared((hc_mult, ring, chunk, WARP, PIECE), T.bfloat16)  # k, then v
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
             vv = T.alloc_local((PIECE,), T.bfloat16)
             ov = T.alloc_local((PIECE,), T.bfloat16)
-            wv = T.alloc_local((PIECE,), T.float32)
+            wv = T.alloc_local((2, chunk, PIECE), T.float32)  # w of this k stage and the next
             acc_d = T.alloc_var(T.float32)
             acc_x = T.alloc_var(T.float32)
             acc_k = T.alloc_var(T.float32)
@@ -166,17 +167,22 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
             blocks = T.Cast("int64", num_blocks)
             count = T.ceildiv(num_tokens - b, blocks)
 
-            # ---- the first token in flight: group i holds chunk i of its x row, its k stage i
-            # and the w of stage i (copied once: every later token reads it from shared memory)
+            # ---- the first token in flight: its whole x row and its first `ring` k stages
+            # (group r < ring holds k stage r; the last one also x chunks ring-1 .. stages-1)
             for i in T.unroll(stages):
                 for q in T.unroll(chunk):
                     p = (i * chunk + q) * WARP + lane
                     T.evaluate(cp_async.copy16(x_s[c, i * chunk + q, lane, 0], hidden_states[b, c, p, 0]))
-                    T.evaluate(cp_async.copy16(ring_s[c, i, q, lane, 0], k[b, c, p, 0]))
-                    for h in T.unroll(2):
-                        T.evaluate(cp_async.copy16(w_s[c, i * chunk + q, h, lane, 0],
-                                                   weight_fused[c, p, h * W_HALF]))
-                cp_async.commit()
+                if i < ring:
+                    for q in T.unroll(chunk):
+                        p = (i * chunk + q) * WARP + lane
+                        T.evaluate(cp_async.copy16(ring_s[c, i, q, lane, 0], k[b, c, p, 0]))
+                if i < ring - 1 or i == stages - 1:
+                    cp_async.commit()
+            # w of k stage 0 (w does not depend on the token)
+            for q in T.unroll(chunk):
+                for e in T.vectorized(PIECE):
+                    wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
 
             for it in T.serial(count):
                 t = b + it * blocks
@@ -188,25 +194,31 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                 acc_k = T.float32(0)
                 # ---- k stages: the three sums in the reference's order
                 for i in T.unroll(stages):
+                    if i + 1 < stages:  # w of the next k stage, in flight during this one
+                        for q in T.unroll(chunk):
+                            for e in T.vectorized(PIECE):
+                                wv[(i + 1) % 2, q, e] = weight_fused[c, ((i + 1) * chunk + q) * WARP + lane, e]
                     cp_async.wait(ring - 1)  # this stage's group (and every older one) landed
                     for q in T.unroll(chunk):
                         for e in T.vectorized(PIECE):
                             xv[e] = x_s[c, i * chunk + q, lane, e]
                         for e in T.vectorized(PIECE):
-                            kv[e] = ring_s[c, i, q, lane, e]
-                        for h in T.unroll(2):
-                            for e in T.vectorized(W_HALF):
-                                wv[h * W_HALF + e] = w_s[c, i * chunk + q, h, lane, e]
+                            kv[e] = ring_s[c, i % ring, q, lane, e]
                         for e in T.unroll(PIECE):
                             xf = _f32(xv[e])
                             kf = _f32(kv[e])
-                            acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[e]), kf)
+                            acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[i % 2, q, e]), kf)
                             acc_x = acc_x + T.ieee_mul(xf, xf)
                             acc_k = acc_k + T.ieee_mul(kf, kf)
-                    # the freed slot takes v stage i of this token
-                    for q in T.unroll(chunk):
-                        p = (i * chunk + q) * WARP + lane
-                        T.evaluate(cp_async.copy16(ring_s[c, i, q, lane, 0], v[t, p, 0]))
+                    # the freed slot takes stage i + ring: a later k stage or a v stage of this token
+                    if i + ring < stages:
+                        for q in T.unroll(chunk):
+                            p = ((i + ring) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], k[t, c, p, 0]))
+                    else:
+                        for q in T.unroll(chunk):
+                            p = ((i + ring - stages) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], v[t, p, 0]))
                     cp_async.commit()
                 for s in T.unroll(5):
                     acc_d = acc_d + T.shfl_xor(acc_d, 16 >> s)
@@ -227,6 +239,10 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                         gate_score[t, c] = gate
                         rstd_x[t, c] = r_x
                         rstd_k[t, c] = r_k
+                # w of the next token's k stage 0, in flight during the output pass
+                for q in T.unroll(chunk):
+                    for e in T.vectorized(PIECE):
+                        wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
 
                 # ---- v stages: out = x + gate * v
                 for m in T.unroll(stages):
@@ -236,17 +252,25 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                         for e in T.vectorized(PIECE):
                             xv[e] = x_s[c, m * chunk + q, lane, e]
                         for e in T.vectorized(PIECE):
-                            vv[e] = ring_s[c, m, q, lane, e]
+                            vv[e] = ring_s[c, (stages + m) % ring, q, lane, e]
                         for e in T.unroll(PIECE):
                             ov[e] = T.cast(T.ieee_add(_f32(xv[e]), T.ieee_mul(gate, _f32(vv[e]))), T.bfloat16)
                         for e in T.vectorized(PIECE):
                             output[t, c, p, e] = ov[e]
-                    # the freed ring slot takes k stage m of the next token, the freed x chunk
-                    # its x chunk m (one group: k stage m of the next token waits for both)
+                    # the freed ring slot takes stage m + ring (a v stage of this token or a k
+                    # stage of the next); the freed x chunk takes the next token's chunk m
+                    if m + ring < stages:
+                        for q in T.unroll(chunk):
+                            p = ((m + ring) * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0], v[t, p, 0]))
                     if has_next:
+                        if m + ring >= stages:
+                            for q in T.unroll(chunk):
+                                p = ((m + ring - stages) * chunk + q) * WARP + lane
+                                T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0],
+                                                           k[tn, c, p, 0]))
                         for q in T.unroll(chunk):
                             p = (m * chunk + q) * WARP + lane
-                            T.evaluate(cp_async.copy16(ring_s[c, m, q, lane, 0], k[tn, c, p, 0]))
                             T.evaluate(cp_async.copy16(x_s[c, m * chunk + q, lane, 0], hidden_states[tn, c, p, 0]))
                     cp_async.commit()
 
