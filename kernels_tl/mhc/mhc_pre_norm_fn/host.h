@@ -9,30 +9,33 @@ struct Plan {
   int64_t num_tokens, mhc_mult, hidden, features, rows, cluster, tile_tokens;
 };
 
-// Tokens per tile (64 or 128) and blocks per tile (1, 2, 4 or 8; each block walks 8 / cluster
-// of the 8 lane groups, K / 1024 steps each): the layout with the least block time over its
-// waves, a step costing the bytes it moves into the SM (x 16 KB + W 12 KB at 64 tokens, 32 + 12
-// KB at 128), a block's pipeline fill and final tree 3 steps, clusters of 4 or 8 fitting `sms`
-// rounded down to 8 blocks; ties go to 64 tokens, then to the smaller cluster.  Every layout sums
+// Tokens per tile (64 or 128) and blocks per tile (2 or 8; each block walks 8 / cluster of the 8
+// lane groups, K / 1024 steps each): the layout with the least block time over its waves, a step
+// costing the bytes it moves into the SM (x 16 KB + W 12 KB at 64 tokens, 32 + 12 KB at 128), a
+// block's pipeline fill and final tree 3 steps, clusters of 8 fitting `sms` rounded down to 8
+// blocks; ties go to 64 tokens, then to the smaller cluster.  With the norm weight, the best
+// 64-token layout (the 128-token tile measured slower with it; see notes.md).  Every layout sums
 // each token in the same order (the result never depends on it).
 struct Layout {
   int64_t tile_tokens, cluster;
 };
-inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms) {
+
+inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms, bool has_weight) {
   const int64_t steps = features / 1024;
-  Layout best{64, 1};
-  int64_t best_cost = -1;
+  Layout best{64, 2}, best64{64, 2};
+  int64_t best_cost = -1, best64_cost = -1;
   for (int64_t tile : {64, 128}) {
     const int64_t tiles = (num_tokens + tile - 1) / tile, step_kb = tile / 4 + 12;
-    for (int64_t c : {1, 2, 4, 8}) {
-      int64_t slots = c >= 4 ? sms - sms % 8 : sms;
+    for (int64_t c : {2, 8}) {
+      int64_t slots = c == 8 ? sms - sms % 8 : sms;
       if (slots < c) slots = c;
       const int64_t waves = (tiles * c + slots - 1) / slots;
       const int64_t cost = waves * ((8 / c) * steps + 3) * step_kb;
       if (best_cost < 0 || cost < best_cost) best = Layout{tile, c}, best_cost = cost;
+      if (tile == 64 && (best64_cost < 0 || cost < best64_cost)) best64 = Layout{tile, c}, best64_cost = cost;
     }
   }
-  return best;
+  return has_weight ? best64 : best;
 }
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
@@ -58,7 +61,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(aligned(a.mhc_fn.data, 16), "mhc_fn", "must start 16-byte aligned");
   const int sms = plan_sm_count(op, a.residual.device);
   if (sms < 0) return false;  // the device query failed (error set)
-  const Layout l = pick_layout(p.num_tokens, K, sms);
+  const Layout l = pick_layout(p.num_tokens, K, sms, a.mhc_norm_weight.present);
   p.cluster = l.cluster;
   p.tile_tokens = l.tile_tokens;
   TKA_CHECK((p.num_tokens + p.tile_tokens - 1) / p.tile_tokens * p.cluster <= INT32_MAX, "residual",

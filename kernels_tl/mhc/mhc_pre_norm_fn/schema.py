@@ -1,6 +1,6 @@
 """mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, tile_tokens); the token count and K =
 mhc_mult * hidden (a multiple of 1024) are run-time values, and the host picks the tile (64 or
-128 tokens) and the cluster size (blocks per tile: 1, 2, 4 or 8) from the token count and K."""
+128 tokens) and the cluster size (blocks per tile: 2 or 8 in the shape tables) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -29,14 +29,14 @@ _SAMPLES = [
     Sample("upstream split-K: 512 tokens, hidden 1280", 512, _args(1280, False)),
     Sample("options: fuse_grad_acc=False, n_splits=1", 77, _args(2560, True), {"fuse_grad_acc": False, "n_splits": 1}),
     # the host's layout (host.h pick_layout, 132 SMs): 64-token tiles with cluster 8 at decode, the
-    # 1000-token samples and the split-K rows, cluster 2 at 4100 tokens (a partial last tile);
-    # 128-token tiles with cluster 2 at 8192 / 8200 tokens (8200: a partial last tile), 4 at 4096,
-    # 8 at 2048, 1 at 16384 tokens x hidden 1280.  The names of the next samples predate the
-    # current layouts (they keep their inputs).
+    # 1000-token samples and the split-K rows, cluster 2 at 4096 / 4100 tokens with the norm weight
+    # (4100: a partial last tile); 128-token tiles with cluster 2 at 8192 / 8200 / 16384 tokens
+    # (8200: a partial last tile), 8 at 2048.  The names of the next samples predate the current
+    # layouts (they keep their inputs).
     Sample("cluster 1, partial tile: 4100 tokens, hidden 1280", 4100, _args(1280, True)),
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
     Sample("cluster 1, partial tile: 8200 tokens, hidden 2560", 8200, _args(2560, False)),
-    Sample("128-token tiles, cluster 1: 16384 tokens, hidden 1280", 16384, _args(1280, False)),
+    Sample("16384 tokens, hidden 1280", 16384, _args(1280, False)),
 ]
 
 SCHEMA = Schema(
