@@ -26,7 +26,7 @@ def fma_rn(a, b, c):
 
 
 @T.macro
-def fast_quotient(l, d, tmp):
+def fast_quotient(l, d, tmp, finite=False):
     """tmp[0] = l / d, correctly rounded, for d = 1 + expf(-l) and |l| < FAST_DIV_LIMIT
     (and for every finite bf16 l > -87.5; -0 for l <= -87.5 while d is finite).
 
@@ -42,15 +42,18 @@ def fast_quotient(l, d, tmp):
     finite bf16 l > -87.5 was checked on sm_90a (GPU test ``test_every_bf16_gate_value``);
     for l <= -87.5, d >= 2^126, the reciprocal (``.ftz``) is 0 and the result is
     l * 0 + (-l) * -0 = -0, the contract's value.  l = +-inf gives q0 = +-inf (the IEEE
-    quotient) and a NaN remainder; the result is then q0.
+    quotient) and a NaN remainder; the result is then q0.  ``finite``: the caller knows l is
+    not infinite (or NaN, which gives NaN either way), so that select is left out.
     """
     tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # MUFU.RCP
     tmp[2] = fma_rn(-d, tmp[1], T.float32(1.0))  # e = 1 - d * r0
     tmp[1] = fma_rn(tmp[1], tmp[2], tmp[1])  # r1 = r0 + r0 * e
     tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
     tmp[3] = fma_rn(d, tmp[2], -l)  # d * q0 - l (exact)
-    # l = +-inf: q0 is the IEEE quotient and the remainder inf - inf is NaN: keep q0
-    tmp[0] = T.if_then_else(T.abs(l) != T.float32(float("inf")), fma_rn(tmp[3], -tmp[1], tmp[2]), tmp[2])
+    if finite:
+        tmp[0] = fma_rn(tmp[3], -tmp[1], tmp[2])
+    else:  # l = +-inf: q0 is the IEEE quotient and the remainder inf - inf is NaN: keep q0
+        tmp[0] = T.if_then_else(T.abs(l) != T.float32(float("inf")), fma_rn(tmp[3], -tmp[1], tmp[2]), tmp[2])
 
 
 

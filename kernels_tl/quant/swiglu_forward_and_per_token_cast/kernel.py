@@ -184,24 +184,12 @@ def _denominator(xl, xr, v, k, i, half, packed, mode, swiglu_clamp_value, counts
 
 
 @T.macro
-def finite_quotient(l, d, tmp):
-    """tmp[0] = l / d as ``fast_quotient`` computes it, for an l that is not infinite (the
-    packed clamps bound it to [-88.5, c] with c finite, or NaN): the same five operations
-    after the reciprocal, without the select that keeps q0 for l = +-inf (one compare per
-    element).  NaN l gives NaN either way."""
-    tmp[1] = T.call_extern(T.float32, "tl::fast_rcp", d)  # r0 (MUFU.RCP)
-    tmp[1] = fma_rn(tmp[1], fma_rn(-d, tmp[1], T.float32(1.0)), tmp[1])  # r1 = r0 + r0 (1 - d r0)
-    tmp[2] = T.call_extern(T.float32, "__fmul_rn", l, tmp[1])  # q0
-    tmp[0] = fma_rn(fma_rn(d, tmp[2], -l), -tmp[1], tmp[2])  # q0 - r1 (d q0 - l)
-
-
-@T.macro
 def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_value, tmp, fast):
     """v[k] = (l / v[k]) * r [* w] for input element 2 * i + half.
 
     ``fast``: the divide without nvcc's range check and slow-path branch (see
     ``fast_quotient``; the caller has made sure the lane's l are in its range);
-    ``FAST_FINITE``: the same for l that cannot be infinite (``finite_quotient``);
+    ``FAST_FINITE``: the same for l that cannot be infinite (without the infinity select);
     otherwise the IEEE divide, and -0 for l <= -87.5 as the contract says.
     """
     l = _as_float(xl, i, half, packed)
@@ -210,11 +198,8 @@ def _product(xl, xr, v, k, i, half, packed, w, weighted, mode, swiglu_clamp_valu
         l = T.Select(l > swiglu_clamp_value, swiglu_clamp_value, l)
         r = T.Select(r < -swiglu_clamp_value, -swiglu_clamp_value, r)
         r = T.Select(r > swiglu_clamp_value, swiglu_clamp_value, r)
-    if fast == FAST_FINITE:
-        finite_quotient(l, v[k], tmp)
-        q = tmp[0]
-    elif fast:
-        fast_quotient(l, v[k], tmp)
+    if fast:
+        fast_quotient(l, v[k], tmp, finite=fast == FAST_FINITE)
         q = tmp[0]
     else:
         q = T.if_then_else(l <= T.float32(SILU_ZERO_BELOW), T.float32(-0.0), T.ieee_fdiv(l, v[k]))
@@ -696,7 +681,7 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
       ``A + B - 2 * COUNT_BIAS`` to the lane's counter (``count_row``);
     * a clamp value that is a finite positive bf16 (0.5, 10, ...) clamps the packed pairs
       with ``min.NaN`` / ``max.NaN.bf16x2`` (equal to the selects there) and runs the
-      unclamped loop with ``finite_quotient`` (the clamped gates cannot be infinite); any
+      unclamped loop with ``fast_quotient(..., finite=True)`` (the clamped gates cannot be infinite); any
       other value the selects of ``swiglu_values``;
     * the group's factor divides ``a / 448`` once (``scale_factor`` as an expression tree
       is divided again by each of its uses).
