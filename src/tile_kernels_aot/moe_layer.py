@@ -58,25 +58,27 @@ def _dequantize(data: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
     return cast_back((data, sf), "bf16", (1, 128))
 
 
-def routed_layer(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor) -> dict:
+def routed_layer(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, torch_work=None) -> dict:
     """The routed path over ``lib`` (a module with ``moe`` and ``quant``): x [T, HIDDEN] bf16 ->
-    ``{name: tensor}`` of the routing, the fused activations and the layer output
-    ``out`` [T, HIDDEN // 2] bf16."""
-    logits = x.float() @ w_gate
+    ``{name: tensor}`` of the routing, the fused activations, the torch work's results (``logits``,
+    ``up``, ``down``) and the layer output ``out`` [T, HIDDEN // 2] bf16.  ``torch_work``: those
+    three tensors of an earlier call, used instead of the router matmul and the two stand-ins (the
+    ops alone)."""
+    logits = x.float() @ w_gate if torch_work is None else torch_work["logits"]
     topk_idx, topk_weights = lib.moe.top2_sum_gate(
         logits, bias, TOP_K, TOPK_GROUPS, GROUPS, False, 0, ROUTED_SCALING, 0, 1, 0, 1, "sigmoid")
     pos_to_expert, _, pos_to_token_topk, token_topk_to_pos, *_ = lib.moe.get_fused_mapping(
         topk_idx, EXPERTS, fused_rows(x.shape[0]), ALIGNMENT)
     x_q, x_sf = lib.quant.per_token_cast(x, "e4m3", 128)
     fused_q, fused_sf = lib.moe.expand_to_fused_with_sf((x_q, x_sf), 128, token_topk_to_pos, pos_to_expert)
-    up = _dequantize(fused_q, fused_sf)
+    up = _dequantize(fused_q, fused_sf) if torch_work is None else torch_work["up"]
     act_q, act_sf = lib.quant.swiglu_forward_and_per_token_cast(
         up, "e4m3", 128, pos_to_token_topk=pos_to_token_topk, topk_weights=topk_weights, pos_to_expert=pos_to_expert)
-    down = _dequantize(act_q, act_sf)
+    down = _dequantize(act_q, act_sf) if torch_work is None else torch_work["down"]
     out = lib.moe.reduce_fused(down, None, token_topk_to_pos)
     return {"topk_idx": topk_idx, "topk_weights": topk_weights, "pos_to_expert": pos_to_expert,
             "token_topk_to_pos": token_topk_to_pos, "fused_q": fused_q, "fused_sf": fused_sf,
-            "act_q": act_q, "act_sf": act_sf, "out": out}
+            "act_q": act_q, "act_sf": act_sf, "logits": logits, "up": up, "down": down, "out": out}
 
 
 def captured(lib, x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor):
@@ -93,24 +95,30 @@ def _shared_work(outputs: dict, x: torch.Tensor, w_gate: torch.Tensor):
 
 def bench(token_counts=(128, 8192), rounds: int = 5, iters: int = 50) -> list:
     """Rows ``{variant, num_tokens, us}``: one replay of the layer's graph, over this package and
-    over TileKernels' ops when importable (their JIT compiled by a first call), and the torch
-    work both paths share (router matmul and GEMM stand-ins) alone."""
+    over TileKernels' ops when importable (their JIT compiled by a first call), the torch work both
+    paths share (router matmul and GEMM stand-ins) alone, and each library's ops alone (a graph of
+    the six ops on the torch work's results of one earlier call)."""
     import tile_kernels_aot
 
-    libs = {"ours, one CUDA graph": tile_kernels_aot}
+    libs = {"ours": tile_kernels_aot}
     try:
         import tile_kernels
     except ImportError:
         pass
     else:
-        libs["TileKernels, one CUDA graph"] = tile_kernels
+        libs["TileKernels"] = tile_kernels
     w_gate, bias = weights()
     rows = []
     for num_tokens in token_counts:
         x = tokens(num_tokens)
-        graphs = {name: (lambda lib=lib: captured(lib, x, w_gate, bias)[0]) for name, lib in libs.items()}
+        work = routed_layer(tile_kernels_aot, x, w_gate, bias)
+        graphs = {f"{name}, one CUDA graph": (lambda lib=lib: captured(lib, x, w_gate, bias)[0])
+                  for name, lib in libs.items()}
         graphs["shared torch work alone (in every row)"] = lambda: capture_graph(
-            functools.partial(_shared_work, routed_layer(tile_kernels_aot, x, w_gate, bias), x, w_gate))[0]
+            functools.partial(_shared_work, work, x, w_gate))[0]
+        graphs.update({f"{name}, the ops alone, one CUDA graph": (
+            lambda lib=lib: capture_graph(lambda: routed_layer(lib, x, w_gate, bias, torch_work=work))[0])
+            for name, lib in libs.items()})
         for name, make_graph in graphs.items():
             try:
                 graph = make_graph()
