@@ -64,12 +64,12 @@ SAMPLES = [
     # the passes path's own cases: every entry one expert (each chunk and warp boundary lies inside
     # its run); the fewest entries (8200: 86 blocks of 96, the last with 40, 8 of them in its second
     # warp); 1024 experts at 20000 x 8 entries (16 blocks, the most at 1024 experts; warp pieces of
-    # 320 entries: two steps, the second re-read); 122880 entries over 4 experts (128 blocks of 960,
-    # the grid's most)
+    # 320 entries: two steps, the second re-read); 122880 entries over 4 experts (MAX_GRID blocks:
+    # 128 of 960 entries)
     _drawn("passes path: one expert takes every entry", 3000, 4, 3, 16, 1, "T * 4 + 3 * 15", high=2),
     _drawn("passes path: 8200 entries (the fewest), 40 experts", 1025, 8, 40, 8, -1, "T * 8 + 40 * 7"),
     _drawn("passes path: 1024 experts, two steps per warp", 20000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
-    _routed("passes path: 128 blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
+    _routed("passes path: the most blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
 ]
 
 SCHEMA = Schema(
