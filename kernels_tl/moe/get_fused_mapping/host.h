@@ -1,6 +1,8 @@
 // moe.get_fused_mapping: host side (interface: tka/host.h).
 #pragma once
 
+#include <algorithm>
+
 #include "args.h"
 
 namespace tka::moe_get_fused_mapping::get_fused_mapping {
@@ -8,17 +10,39 @@ namespace tka::moe_get_fused_mapping::get_fused_mapping {
 // Thread e of each block owns expert e (kernel.py: MAX_EXPERTS); kernel_args checks this
 // against the kernel's own constant.
 constexpr int64_t kMaxExperts = 1024;
-// Rows and flat entries are int32 in the kernel, with room for a warp range and a stride of
-// the cluster past the last one: every layout and every row count stays below this.
-constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 16);
+// Rows and flat entries are int32 in the kernel, with room for a chunk rounding and a
+// grid-wide stride (at most 128 x 1024 = 2^17 threads) past the last one: every layout and
+// every row count stays below this.
+constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 18);
 
 struct Plan {
   int64_t num_tokens, num_topk, num_elements, num_experts, rows;
+  bool passes;  // the count launch and the place launch (else one launch of independent blocks)
 };
 
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
-// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, up to four clusters.
+// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, two launches.
 constexpr int64_t kSmallEntries = 8192;
+// The passes path's most blocks and its budget of per-block counts (kernel.py: MAX_GRID,
+// SCRATCH_BUDGET; checked in kernel_args): the grid is at most
+// min(MAX_GRID, max(SCRATCH_BUDGET / num_experts, 1)) blocks, and the scratch holds the counts
+// of that many blocks for every expert.
+constexpr int64_t kMaxGrid = 128;
+constexpr int64_t kScratchBudget = 16384;
+
+inline int64_t most_blocks(int64_t num_experts) {
+  return std::min<int64_t>(std::max<int64_t>(kScratchBudget / std::max<int64_t>(num_experts, 1), 1), kMaxGrid);
+}
+
+// KernelArgs holds the parameters of every prebuilt kernel: the passes kernel's `scratch` and
+// `phase` exist only when a passes config is in the build (the blocks kernel has neither).
+template <class K>
+auto set_passes_args(K& k, void* scratch, int64_t phase, int) -> decltype(k.scratch = scratch, k.phase = phase, void()) {
+  k.scratch = scratch;
+  k.phase = phase;
+}
+template <class K>
+void set_passes_args(K&, void*, int64_t, long) {}
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.topk_idx.shape[0];
@@ -27,24 +51,25 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(a.num_experts >= 0 && a.num_experts <= kMaxExperts, "num_experts",
             "must be in [0, %lld] (one expert per thread of the kernel), got %lld", static_cast<long long>(kMaxExperts),
             static_cast<long long>(a.num_experts));
-  TKA_CHECK(a.alignment >= 1 && a.alignment < kMaxRows, "alignment", "must be in [1, 2^31 - 2^16), got %lld",
+  TKA_CHECK(a.alignment >= 1 && a.alignment < kMaxRows, "alignment", "must be in [1, 2^31 - 2^18), got %lld",
             static_cast<long long>(a.alignment));
   TKA_CHECK(a.num_expanded_tokens >= 0 && a.num_expanded_tokens < kMaxRows, "num_expanded_tokens",
-            "must be in [0, 2^31 - 2^16) (the rows are int32), got %lld", static_cast<long long>(a.num_expanded_tokens));
+            "must be in [0, 2^31 - 2^18) (the rows are int32), got %lld", static_cast<long long>(a.num_expanded_tokens));
   TKA_CHECK(p.num_tokens == 0 || p.num_topk < kMaxRows / p.num_tokens, "topk_idx",
-            "is too large: %lld x %lld entries; the fused layout's rows are int32 (below 2^31 - 2^16)",
+            "is too large: %lld x %lld entries; the fused layout's rows are int32 (below 2^31 - 2^18)",
             static_cast<long long>(p.num_tokens), static_cast<long long>(p.num_topk));
   p.num_elements = p.num_tokens * p.num_topk;
   // The most rows the layout can need: every expert's count rounded up to alignment.
   const int64_t bound = p.num_elements + p.num_experts * (a.alignment - 1);  // < 2^31 * 1025: no overflow
   TKA_CHECK(bound < kMaxRows, "alignment",
-            "is too large: num_tokens * num_topk + num_experts * (alignment - 1) = %lld must be below 2^31 - 2^16 "
+            "is too large: num_tokens * num_topk + num_experts * (alignment - 1) = %lld must be below 2^31 - 2^18 "
             "(the fused layout's rows are int32)", static_cast<long long>(bound));
   // No sync in the kernel op: num_expanded_tokens rows, or in sync mode the most the layout
   // can need (TileKernels' bound), which the public wrapper trims after its host sync.
   const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
   p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
-  c.path = p.num_elements <= kSmallEntries ? "blocks" : "cluster";
+  p.passes = p.num_elements > kSmallEntries;
+  c.path = p.passes ? "passes" : "blocks";
   return true;
 }
 
@@ -56,18 +81,30 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.expert_start, I32, {p.num_experts});
   dense_output(s.expert_end, I32, {p.num_experts});
   dense_output(s.num_tokens_per_expert, I32, {p.num_experts});
+  // the passes path's per-block counts, [expert][block] (every element written by the count
+  // launch before the place launch reads it); none for the blocks path
+  dense_output(s.scratch, I32, {p.passes ? p.num_experts * most_blocks(p.num_experts) : 0});
 }
 
 // Every output element is written by the kernel: a launch whenever there is one.
 inline bool needs_launch(const Plan& p) { return p.rows > 0 || p.num_elements > 0 || p.num_experts > 0; }
 
-inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+// The passes path: launch 0 counts into the scratch, launch 1 (which waits for it) places.
+inline int64_t launches(const Plan& p) { return p.passes ? 2 : 1; }
+
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k,
+                        int64_t launch) {
   TKA_CHECK(p.num_experts <= c.max_experts, "num_experts", "must be at most %lld for this kernel, got %lld",
             static_cast<long long>(c.max_experts), static_cast<long long>(p.num_experts));
   // The blocks path reads every entry in every block, as int16 counts: kSmallEntries at most.
-  TKA_CHECK(c.cluster > 1 || p.num_elements <= c.small_entries, "topk_idx",
+  TKA_CHECK(c.passes != 0 || p.num_elements <= c.small_entries, "topk_idx",
             "has %lld entries, more than this kernel's %lld", static_cast<long long>(p.num_elements),
             static_cast<long long>(c.small_entries));
+  // The scratch (outputs) and the grid (the kernel's expression) follow the same constants.
+  TKA_CHECK(c.passes == 0 || (c.max_grid == kMaxGrid && c.scratch_budget == kScratchBudget), "topk_idx",
+            "cannot run: the kernel's grid limits (%lld blocks, %lld counts) differ from the host's (%lld, %lld)",
+            static_cast<long long>(c.max_grid), static_cast<long long>(c.scratch_budget),
+            static_cast<long long>(kMaxGrid), static_cast<long long>(kScratchBudget));
   k.topk_idx = a.topk_idx.data;
   k.pos_to_expert = o.pos_to_expert.data;
   k.pos_to_token = o.pos_to_token.data;
@@ -81,6 +118,7 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.num_experts = p.num_experts;
   k.num_topk = p.num_elements > 0 ? p.num_topk : 1;  // the divisor of flat index -> token (any with no entries)
   k.alignment = a.alignment;
+  set_passes_args(k, o.scratch.data, launch, 0);
   return true;
 }
 

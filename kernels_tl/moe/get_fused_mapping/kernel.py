@@ -34,39 +34,37 @@ most ``SMALL_GROUPS`` groups of 32):
 4. Padding: rows ``[start + c, start + a)`` (a warp per expert) and the tail
    ``[sum(a), num_rows)``, spread over the whole grid.
 
-``path="cluster"`` (more entries): up to ``MAX_CLUSTERS`` thread-block clusters of ``CLUSTER``
-blocks; the blocks of a cluster exchange their per-expert counts through distributed shared
-memory, every cluster counts every entry, and the clusters share placement (cluster ``k``
-places the ``k``-th part of every warp range) and padding; see
-``_cluster_kernel``.
+``path="passes"`` (more entries): the host launches the kernel twice (``phase`` 0, then 1) over
+the same grid of up to ``MAX_GRID`` blocks, each owning a contiguous chunk of the entries, with
+a scratch buffer of per-block counts between them: launch 0 counts, launch 1 waits for it (the
+programmatic-dependent-launch wait), sums the counts, computes the layout and places its chunk;
+see ``_passes_body``.
 
 Every output element has exactly one writer.  All counts and rows are int32: the host
-refuses layouts of 2^31 - 2^16 rows or more.  Nothing else is static: one cubin per path
+refuses layouts of 2^31 - 2^18 rows or more.  Nothing else is static: one cubin per path
 and arch serves every token count, top-k, alignment and expert count up to ``THREADS``.
 """
 
 from tilelang import language as T
-from tilelang.cuda.language import block_rank_in_cluster, cluster_arrive, cluster_sync, cluster_wait
 
-from kernels_tl.cluster_load import CLUSTER_LOAD_SOURCE
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
-PATHS = ("blocks", "cluster")
-CLUSTER = 16  # blocks per cluster: 16 SMs share the reads and writes (non-portable size)
+PATHS = ("blocks", "passes")
 THREADS = 1024
 WARPS = THREADS // 32
-MAX_EXPERTS = THREADS  # thread e owns expert e in step 2
-UNROLL = 16  # cluster path: loads in flight per lane: 128 KiB per block
-STEP = 32 * UNROLL  # cluster path: entries a warp takes per step
+MAX_EXPERTS = THREADS  # thread e owns expert e in the offsets step
 SMALL_ENTRIES = 8192  # blocks path: the most entries (every block reads them all: 64 KiB)
 SMALL_GROUPS = SMALL_ENTRIES // THREADS  # blocks path: groups of 32 per warp chunk, at most
 ROWS_PER_BLOCK = 2048  # blocks path: one block per this many rows + entries ...
 MAX_BLOCKS = 32  # ... up to this many (a warp chunk each at most)
-ROWS_PER_CLUSTER = 65536  # cluster path: one cluster per this many rows and as many entries ...
-# ... up to this many (each counts every entry; they share placement and padding: cluster k
-# places the k-th part of every warp range).  4 x 16 full-SM blocks fit one wave of a 132-SM
-# part; past 4 the padding tail's int32 stride needs 64 bits.
-MAX_CLUSTERS = 4
+UNROLL = 8  # passes path: loads in flight per lane (64 KiB per block)
+STEP = 32 * UNROLL  # passes path: entries a warp takes per step
+# passes path: at most this many blocks (one wave of full-SM blocks on a 132- or 148-SM part) ...
+MAX_GRID = 128
+# ... and at most this many counts (blocks x experts) for each placing block to sum (64 KiB
+# from L2): 128 blocks up to 128 experts, 64 at 256, 16 at 1024
+SCRATCH_BUDGET = 16384
+EXPERT_UNROLL = 4  # passes path: experts per warp whose counts are in flight together
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
 # so TileLang's extra guards are left out.
@@ -75,8 +73,8 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
 
 
 def host_constants(path):
-    return {"max_experts": MAX_EXPERTS, "cluster": CLUSTER if path == "cluster" else 1, "warps": WARPS,
-            "small_entries": SMALL_ENTRIES}
+    return {"max_experts": MAX_EXPERTS, "passes": int(path == "passes"), "small_entries": SMALL_ENTRIES,
+            "max_grid": MAX_GRID, "scratch_budget": SCRATCH_BUDGET}
 
 
 def _expert_of(value, num_experts):
@@ -269,10 +267,22 @@ def _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
          num_rows, lv)
 
 
-def _clusters(num_rows, num_elements):
-    """Clusters of the cluster path: one per ROWS_PER_CLUSTER rows and as many entries, 1 to
-    MAX_CLUSTERS (in int32 without overflow: each quotient is below 2^15)."""
-    return T.min(T.ceildiv(num_rows, ROWS_PER_CLUSTER) + T.ceildiv(num_elements, ROWS_PER_CLUSTER), MAX_CLUSTERS)
+def _passes_most_blocks(num_experts):
+    """The most blocks of the passes path for ``num_experts``: MAX_GRID, fewer when every
+    placing block's read of the ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
+    return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), MAX_GRID)
+
+
+def _passes_chunk(num_elements, num_experts):
+    """Flat entries per block of the passes path: a multiple of 32, at least 32, so that
+    ``_passes_grid`` blocks of it cover every entry (``num_elements + 4095`` stays in int32)."""
+    return T.max(T.ceildiv(num_elements, _passes_most_blocks(num_experts) * 32) * 32, 32)
+
+
+def _passes_grid(num_elements, num_experts):
+    """Blocks of the passes path: ``ceil(num_elements / chunk)`` (written without ``num_elements +
+    chunk``, which could pass int32), at least 1, at most ``_passes_most_blocks``."""
+    return T.max(T.floordiv(num_elements - 1, _passes_chunk(num_elements, num_experts)) + 1, 1)
 
 
 @T.macro
@@ -284,10 +294,11 @@ def _load_step(topk_idx, values, begin, end, lane, s):
         if begin + s * STEP + u * 32 + lane < end:
             values[u] = topk_idx[begin + s * STEP + u * 32 + lane]
 
+
 @T.macro
 def _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s):
     """``experts`` <- the expert ids of step ``s`` of a warp's range: those of step 0 from
-    ``kept`` (step 1's registers), later steps re-read from global memory."""
+    ``kept`` (the counting pass's registers), later steps re-read from global memory."""
     if s == 0:
         for u in T.unroll(UNROLL):
             experts[u] = kept[u]
@@ -298,25 +309,14 @@ def _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
 
 
 @T.macro
-def _count_before(hist, experts, begin, pbegin, warp, lane, s):
-    """Add the entries of step ``s`` of a warp's range that lie before ``pbegin`` (the start
-    of this cluster's part) to the warp's histogram row (shared atomics: the counts do not
-    depend on their order)."""
+def _place_step(outs, hist, base_of, experts, token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s):
+    """Place the entries of step ``s`` of a warp's range ``[begin, end)``, their expert ids in
+    ``experts``; ``hist``'s row of the warp counts the range's entries before them of each
+    expert (advanced here).  A group of 32 lies wholly inside or outside the range's groups
+    (uniform over the warp); ``token`` starts at ``begin + lane`` and advances by one group per
+    group."""
     for u in T.unroll(UNROLL):
-        if begin + s * STEP + u * 32 + lane < pbegin and experts[u] >= 0:
-            T.atomic_add(hist[warp * MAX_EXPERTS + experts[u]], 1)
-
-
-@T.macro
-def _place_step(outs, hist, base_of, experts, token, begin, pbegin, pend, warp, lane, lanes_below, num_topk, num_rows,
-                s):
-    """Place the entries of step ``s`` of a warp's range that lie in ``[pbegin, pend)``, their
-    expert ids in ``experts``; ``hist``'s row of the warp counts the range's entries before
-    them of each expert.  ``pbegin - begin`` is a multiple of 32, so each group of 32 lies
-    wholly inside or outside the part (uniform over the warp); ``token`` starts at
-    ``pbegin + lane`` and advances by one group per placed group."""
-    for u in T.unroll(UNROLL):
-        if begin + s * STEP + u * 32 >= pbegin and begin + s * STEP + u * 32 < pend:
+        if begin + s * STEP + u * 32 < end:
             expert = experts[u]
             same = T.match_any_sync(expert)
             below = T.Cast("int32", T.popcount(same & lanes_below))
@@ -328,7 +328,7 @@ def _place_step(outs, hist, base_of, experts, token, begin, pbegin, pend, warp, 
             if expert >= 0 and below == 0:
                 hist[warp * MAX_EXPERTS + expert] = row + T.Cast("int32", T.popcount(same))
             T.sync_warp()
-            if begin + s * STEP + u * 32 + lane < pend:
+            if begin + s * STEP + u * 32 + lane < end:
                 if expert >= 0:
                     row = row + below + base_of[expert]
                 _write_pair(outs, row, expert, token[0], begin + s * STEP + u * 32 + lane, num_rows)
@@ -336,157 +336,156 @@ def _place_step(outs, hist, base_of, experts, token, begin, pbegin, pend, warp, 
 
 
 @T.macro
-def _cluster_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-                  num_tokens_per_expert, num_topk, alignment, num_elements, num_rows, num_experts, bx, tid, warp, lane):
-    """One launch of ``_clusters()`` thread-block clusters of ``CLUSTER`` blocks of ``THREADS``
-    threads.  Within a cluster the blocks exchange their per-expert counts through distributed
-    shared memory and a cluster barrier, so there is no global workspace, no zeroed memory and no
-    grid-wide barrier; every cluster counts every entry and computes the same offsets, and the
-    clusters share steps 3 and 4.  The flat entries are split into ``CLUSTER * WARPS`` contiguous
-    warp ranges (block-major, so the order of (block, warp, position in range) is the flat order),
-    each a multiple of 32 long, the same in every cluster.
+def _count_step(hist, experts, warp):
+    """Add the routed entries among ``experts`` to the warp's histogram row (shared atomics:
+    the counts do not depend on their order)."""
+    for u in T.unroll(UNROLL):
+        if experts[u] >= 0:
+            T.atomic_add(hist[warp * MAX_EXPERTS + experts[u]], 1)
 
-    1. Count: each warp walks its range ``STEP`` entries at a time (``UNROLL`` coalesced 8-byte
-       loads per lane in flight) and adds every routed entry to its own row of the shared
-       histogram ``hist[warp][expert]``; the expert ids of its first step stay in registers
-       for step 3 (the whole range up to ``STEP`` entries per warp: 262144 entries in all).
-    2. Offsets: thread ``e`` owns expert ``e`` (so ``num_experts <= THREADS``): it turns
-       column ``e`` of the histogram into exclusive prefix sums over the block's warps and
-       publishes the block's count; after a cluster barrier it reads the counts of every block
-       of the cluster (``ld.shared::cluster``), giving ``c[e]`` and the count in earlier blocks;
-       a block-wide scan of ``a`` gives ``start``, and ``base[e]`` = ``start[e]`` + the count
-       in earlier blocks is this block's first row of expert ``e``.
-    3. Place: cluster ``k`` places the ``k``-th of ``clusters`` parts (whole groups of 32) of
-       every warp range, so each warp of the grid walks a ``1 / clusters`` share of its range
-       (the serial chain per warp shrinks with the cluster count, not only the warps' number).
-       The warp first adds the entries of its range before the part to its histogram row
-       (shared atomics: order-free), then walks the part in order (from registers, past the
-       first step from global memory; one copy of the code for every step); within 32
-       entries, ``__match_any_sync`` gives each lane the number of earlier lanes with its
-       expert, and the warp's histogram row counts the earlier entries of its range, so rows
-       follow flat order exactly and the result is deterministic (no atomics decide a row).
-    4. Padding: the rows ``[start + c, start + a)`` of each expert (a warp per expert) and the
-       tail ``[sum(a), num_rows)`` (the whole grid) are set to -1.
 
-    ``CLUSTER`` is 16, above the portable 8: the runtime allows the non-portable size on the
-    kernel before launching it (csrc/runtime.cc)."""
-    nclusters = _clusters(num_rows, num_elements)
-    cid = bx // CLUSTER  # this block's cluster: consecutive blocks form one
+@T.macro
+def _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts):
+    """``count_of[e]`` <- the sum of the counts of expert ``e`` over the grid's blocks
+    (``scratch[e * nblocks + r]``, written by the counting launch), ``before_of[e]`` <- the sum
+    over blocks ``r < bx``.  Warp ``WARPS - 1 - w`` takes the experts ``w (mod WARPS)``
+    (the last warps have the fewest entries to count), its lanes the blocks ``lane + 32 k``;
+    ``EXPERT_UNROLL`` experts per warp and step have their loads in flight together (coalesced:
+    an expert's counts are contiguous); a warp-wide reduction per expert."""
+    for j in T.serial(T.ceildiv(num_experts, WARPS * EXPERT_UNROLL)):
+        for q in T.unroll(EXPERT_UNROLL):
+            for k in T.unroll(MAX_GRID // 32):
+                parts[q * (MAX_GRID // 32) + k] = 0
+                if (j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp) < num_experts and lane + k * 32 < nblocks:
+                    parts[q * (MAX_GRID // 32) + k] = scratch[((j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp))
+                                                              * nblocks + lane + k * 32]
+        for q in T.unroll(EXPERT_UNROLL):
+            sums[0] = 0
+            sums[1] = 0
+            for k in T.unroll(MAX_GRID // 32):
+                sums[0] = sums[0] + parts[q * (MAX_GRID // 32) + k]
+                if lane + k * 32 < bx:
+                    sums[1] = sums[1] + parts[q * (MAX_GRID // 32) + k]
+            sums[0] = T.call_extern(T.int32, "__reduce_add_sync", T.uint32(0xFFFFFFFF), sums[0])
+            sums[1] = T.call_extern(T.int32, "__reduce_add_sync", T.uint32(0xFFFFFFFF), sums[1])
+            if lane == 0 and (j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp) < num_experts:
+                count_of[(j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp)] = sums[0]
+                before_of[(j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp)] = sums[1]
+
+
+@T.macro
+def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+                 num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements, num_rows, num_experts, bx,
+                 tid, warp, lane):
+    """The passes path: launch ``phase`` (0: count, 1: place) of ``_passes_grid()`` blocks of
+    ``THREADS`` threads; the grid and the split of the entries are the same in both launches.
+    Block ``b`` owns the flat entries ``[b * chunk, (b + 1) * chunk)`` (``_passes_chunk``), its
+    warp ``w`` the ``w``-th contiguous piece of them (a multiple of 32 long), so the order of
+    (block, warp, position in piece) is the flat order.
+
+    Both launches first count: each warp walks its piece ``STEP`` entries at a time
+    (``UNROLL`` coalesced 8-byte loads per lane in flight) and adds each routed entry to its own
+    row of the shared histogram ``hist[warp][expert]``; the ids of the first step stay in
+    registers.  Thread ``e`` then turns column ``e`` into exclusive prefix sums over the warps,
+    its total being the block's count of expert ``e``.
+
+    Launch 0 writes that count to ``scratch[e * blocks + b]`` (every element: the scratch
+    needs no zeroing) and ends.  Launch 1 waited for launch 0 to complete (the
+    programmatic-dependent-launch wait at the kernel's start: ``griddepcontrol.wait`` returns
+    once the previous grid has completed and its writes are visible); it sums the counts
+    (``_sum_counts``: ``c[e]`` and the count in earlier blocks), scans ``a`` (``start``), keeps
+    ``base[e] = start[e]`` + the count in earlier blocks, and places its pieces in flat order
+    (``__match_any_sync`` per group of 32 over the warp's running count, as ``_place_step``);
+    the grid shares the padding rows, block 0 writes the per-expert outputs."""
+    nblocks = T.alloc_var(T.int32)  # the grid (the launch computes the same expression)
+    nblocks = _passes_grid(num_elements, num_experts)
+    chunk = T.alloc_var(T.int32)
+    chunk = _passes_chunk(num_elements, num_experts)
 
     hist = T.alloc_shared((WARPS * MAX_EXPERTS,), T.int32)  # [warp][expert]
-    # [0, MAX_EXPERTS): this block's count per expert, read by the other blocks until they
-    # pass their cluster_arrive; then WARPS words of the scan's per-warp totals.  One buffer,
-    # so that the compiler's shared-memory reuse never places the totals over the counts.
-    exchange = T.alloc_shared((MAX_EXPERTS + WARPS,), T.int32)
-    base_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start[e] + count in earlier blocks
+    totals = T.alloc_shared((WARPS,), T.int32)  # the scan's per-warp totals, then sum(a)
     count_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # c[e]
+    before_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # count of e in earlier blocks
+    base_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start[e] + count in earlier blocks
     start_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start[e]
     aligned_of = T.alloc_shared((MAX_EXPERTS,), T.int32)  # a[e]
 
     values = T.alloc_local((UNROLL,), T.int64)
-    kept = T.alloc_local((UNROLL,), T.int32)  # expert ids of the first step (steps 1 and 3)
+    kept = T.alloc_local((UNROLL,), T.int32)  # expert ids of the first step
     experts = T.alloc_local((UNROLL,), T.int32)
-    parts = T.alloc_local((CLUSTER,), T.int32)
-    token = T.alloc_local((4,), T.int32)  # step 3's token of the next entry (place_step)
+    parts = T.alloc_local((EXPERT_UNROLL * (MAX_GRID // 32),), T.int32)
+    sums = T.alloc_local((2,), T.int32)
+    token = T.alloc_local((4,), T.int32)
     lv = T.alloc_local((4,), T.int32)
-    rank = T.alloc_var(T.int32)
-    rank = block_rank_in_cluster()
-    expert = T.alloc_var(T.int32)
     acc = T.alloc_var(T.int32)
     cnt = T.alloc_var(T.int32)
-    before = T.alloc_var(T.int32)
     begin = T.alloc_var(T.int32)
     end = T.alloc_var(T.int32)
 
-    # this warp's row of the histogram, zeroed (only the warp itself touches it in step 1)
+    # this warp's row of the histogram, zeroed (only the warp itself touches it until the barrier)
     for j in T.serial(T.ceildiv(num_experts, 32)):
         if j * 32 + lane < num_experts:
             hist[warp * MAX_EXPERTS + j * 32 + lane] = 0
     T.sync_warp()
 
-    # this warp's range of flat entries: [begin, end)
-    warp_range = T.Cast("int64", T.ceildiv(T.ceildiv(num_elements, CLUSTER * WARPS), 32) * 32)
-    gwarp = T.Cast("int64", rank * WARPS + warp)
-    begin = T.Cast("int32", T.min(gwarp * warp_range, T.Cast("int64", num_elements)))
-    end = T.Cast("int32", T.min((gwarp + 1) * warp_range, T.Cast("int64", num_elements)))
+    # this warp's piece [begin, end) of the block's chunk (64-bit: b * chunk may pass int32)
+    block_begin = T.min(T.Cast("int64", bx) * T.Cast("int64", chunk), T.Cast("int64", num_elements))
+    block_end = T.min(block_begin + T.Cast("int64", chunk), T.Cast("int64", num_elements))
+    piece = T.Cast("int64", T.ceildiv(T.ceildiv(chunk, 32), WARPS) * 32)
+    begin = T.Cast("int32", T.min(block_begin + T.Cast("int64", warp) * piece, block_end))
+    end = T.Cast("int32", T.min(T.Cast("int64", begin) + piece, block_end))
     steps = T.ceildiv(end - begin, STEP)
 
-    # 1. count; the first step's ids stay in `kept`
+    # count; the first step's ids stay in `kept`
+    _load_step(topk_idx, values, begin, end, lane, 0)
     for u in T.unroll(UNROLL):
-        kept[u] = -1
-    if steps > 0:
-        _load_step(topk_idx, values, begin, end, lane, 0)
-        for u in T.unroll(UNROLL):
-            kept[u] = _expert_of(values[u], num_experts)
-        for u in T.unroll(UNROLL):
-            if kept[u] >= 0:
-                T.atomic_add(hist[warp * MAX_EXPERTS + kept[u]], 1)
+        kept[u] = _expert_of(values[u], num_experts)
+    _count_step(hist, kept, warp)
     for s in T.serial(1, steps):
         _load_step(topk_idx, values, begin, end, lane, s)
         for u in T.unroll(UNROLL):
-            expert = _expert_of(values[u], num_experts)
-            if expert >= 0:
-                T.atomic_add(hist[warp * MAX_EXPERTS + expert], 1)
+            experts[u] = _expert_of(values[u], num_experts)
+        _count_step(hist, experts, warp)
+    if phase != 0:
+        _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
     T.sync_threads()
 
-    # 2. offsets: per-warp exclusive prefix within the block, then across the cluster
+    # column e -> exclusive prefix over the block's warps; `acc` the block's count of e
     acc = 0
     if tid < num_experts:
         for w in T.serial(WARPS):
             cnt = hist[w * MAX_EXPERTS + tid]
             hist[w * MAX_EXPERTS + tid] = acc
             acc = acc + cnt
-        exchange[tid] = acc
-    cluster_sync()  # every block's counts are written and visible cluster-wide
-    cnt = 0
-    before = 0
-    if tid < num_experts:
-        for r in T.unroll(CLUSTER):  # all remote reads in flight, then the sums
-            parts[r] = T.call_extern(T.int32, "tka_cluster_load_s32", T.address_of(exchange[tid]), r)
-        for r in T.unroll(CLUSTER):
-            cnt = cnt + parts[r]
-            if r < rank:
-                before = before + parts[r]
-    cluster_arrive()  # done reading the other blocks' shared memory (they wait before exiting)
-    lv[0] = 0
-    if tid < num_experts:
-        lv[0] = T.ceildiv(cnt, alignment) * alignment
-    # block-wide exclusive scan of a[e] over the experts (totals after the counts)
-    _aligned_scan(lv, exchange, MAX_EXPERTS, warp, lane)
-    if tid < num_experts:
-        start_of[tid] = lv[1]
-        count_of[tid] = cnt
-        aligned_of[tid] = lv[0]
-        base_of[tid] = lv[1] + before
-        if bx == 0:
-            expert_start[tid] = lv[1]
-            expert_end[tid] = lv[1] + lv[0]
-            num_tokens_per_expert[tid] = lv[0]
-    T.sync_threads()
+    if phase == 0:
+        if tid < num_experts:
+            scratch[tid * nblocks + bx] = acc
+    else:
+        lv[0] = 0
+        if tid < num_experts:
+            lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
+        _aligned_scan(lv, totals, 0, warp, lane)
+        if tid < num_experts:
+            start_of[tid] = lv[1]
+            aligned_of[tid] = lv[0]
+            base_of[tid] = lv[1] + before_of[tid]
+            if bx == 0:
+                expert_start[tid] = lv[1]
+                expert_end[tid] = lv[1] + lv[0]
+                num_tokens_per_expert[tid] = lv[0]
+        T.sync_threads()
 
-    # 3. place, in flat order within each expert: cluster `cid` places the `cid`-th of
-    # `nclusters` parts of every warp range (every cluster computed the same offsets).
-    # The part is [pbegin, pend), whole groups of 32 from `begin`; the entries of the range
-    # before it are first added to the warp's histogram row.
-    part = T.ceildiv(T.ceildiv(end - begin, 32), nclusters) * 32
-    pbegin = T.min(begin + cid * part, end)
-    pend = T.min(pbegin + part, end)
-    lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
-    for s in T.serial(T.ceildiv(pbegin - begin, STEP)):  # steps with entries before the part
-        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
-        _count_before(hist, experts, begin, pbegin, warp, lane, s)
-    T.sync_warp()
-    _start_token(token, pbegin + lane, num_topk)
-    for s in T.serial(T.truncdiv(pbegin - begin, STEP), T.ceildiv(pend - begin, STEP)):  # steps of the part
-        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
-        _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts, token,
-                    begin, pbegin, pend, warp, lane, lanes_below, num_topk, num_rows, s)
+        # place this warp's piece, in flat order within each expert
+        lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
+        _start_token(token, begin + lane, num_topk)
+        for s in T.serial(steps):
+            _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
+            _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts,
+                        token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
 
-    # 4. padding rows, over the whole grid
-    _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of,
-         exchange[MAX_EXPERTS + WARPS - 1], (cid * CLUSTER + rank) * WARPS + warp, nclusters * CLUSTER * WARPS,
-         (cid * CLUSTER + rank) * THREADS + tid, nclusters * CLUSTER * THREADS, lane, num_experts, num_rows, lv)
-    cluster_wait()  # no block exits while another may still read its shared memory
+        # padding rows, over the whole grid
+        _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of, totals[WARPS - 1],
+             bx * WARPS + warp, nblocks * WARPS, bx * THREADS + tid, nblocks * THREADS, lane, num_experts, num_rows, lv)
 
 
 def get_fused_mapping_kernel(path):
@@ -495,8 +494,9 @@ def get_fused_mapping_kernel(path):
     num_elements = T.dynamic("num_elements")
     num_rows = T.dynamic("num_rows")
     num_experts = T.dynamic("num_experts")
+    num_counts = T.dynamic("num_counts")
     blocks = path == "blocks"
-    grid = _blocks_grid(num_rows, num_elements) if blocks else CLUSTER * _clusters(num_rows, num_elements)
+    grid = _blocks_grid(num_rows, num_elements) if blocks else _passes_grid(num_elements, num_experts)
 
     @T.prim_func
     def get_fused_mapping(
@@ -508,20 +508,21 @@ def get_fused_mapping_kernel(path):
         expert_start: T.Tensor[(num_experts,), T.int32],
         expert_end: T.Tensor[(num_experts,), T.int32],
         num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
+        scratch: T.Tensor[(num_counts,), T.int32],
         num_topk: T.int32,
         alignment: T.int32,
+        phase: T.int32,
     ):
-        with T.Kernel(grid, threads=THREADS, cluster_dims=None if blocks else CLUSTER) as bx:
-            if not blocks:
-                T.import_source(CLUSTER_LOAD_SOURCE)
-            wait_for_previous_grid()  # programmatic dependent launch
+        with T.Kernel(grid, threads=THREADS) as bx:
+            wait_for_previous_grid()  # programmatic dependent launch: launch 1 waits for launch 0 here
             tid = T.get_thread_binding()
-            args = (topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-                    num_tokens_per_expert, num_topk, alignment, num_elements, num_rows, num_experts, bx, tid, tid // 32,
-                    tid % 32)
             if blocks:
-                _blocks_body(*args)
+                _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+                             expert_end, num_tokens_per_expert, num_topk, alignment, num_elements, num_rows,
+                             num_experts, bx, tid, tid // 32, tid % 32)
             else:
-                _cluster_body(*args)
+                _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+                             expert_end, num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements,
+                             num_rows, num_experts, bx, tid, tid // 32, tid % 32)
 
     return get_fused_mapping

@@ -1,6 +1,7 @@
 """moe.get_fused_mapping: two kernels, picked per call by the entry count (``path``: "blocks", a
-plain grid of independent blocks, up to 8192 entries; "cluster", up to four thread-block clusters, above);
-the token count, top-k, expert count (up to 1024), alignment and row count are run-time values.  The public function
+plain grid of independent blocks, up to 8192 entries; "passes", above: a count launch into a scratch
+buffer of per-block counts, then a place launch of the same kernel); the token count, top-k, expert
+count (up to 1024), alignment and row count are run-time values.  The public function
 is a Python wrapper (``tile_kernels_aot.wrappers.get_fused_mapping``) that adds the host sync
 of ``num_expanded_tokens == 0``; the kernel op itself never synchronizes."""
 
@@ -47,19 +48,28 @@ SAMPLES = [
     _routed("384 experts, top-9, alignment 32", 4096, 9, 384, 32, unrouted=0.1),
     _routed("padding rows past the layout", 3000, 6, 72, 128, "P + 5000"),
     _routed("force_no_sync", 2000, 4, 32, 128, kwargs={"force_no_sync": True}),
-    _routed("two steps per warp (past 262144 entries)", 40000, 8, 64, 16, unrouted=0.1),
+    _routed("320000 entries, 64 experts", 40000, 8, 64, 16, unrouted=0.1),
     _drawn("1024 experts (the most), repeats and -1", 3000, 6, 1024, 16, -1, "T * 6 + 1024 * 15"),
     _drawn("negative entries, 36 experts, top-7", 3000, 7, 36, 16, -4, "T * 7 + 36 * 15"),
     _drawn("force_no_sync, nothing routed, 8 experts", 500, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),
-    # the blocks path (up to 8192 entries) at its limits, and the cluster path with one cluster
+    # the blocks path (up to 8192 entries) at its limits, and the passes path with nothing routed
     _drawn("blocks path: 8192 entries (the most), 1024 experts, repeats and -1", 1024, 8, 1024, 16, -1,
            "T * 8 + 1024 * 15"),
     _drawn("blocks path: top-40 (token advance past 32), negative entries", 150, 40, 36, 16, -4, "T * 40 + 36 * 15"),
     _routed("blocks path: exact rows (no padding tail)", 700, 8, 32, 64, exact=True, unrouted=0.2),
-    _drawn("cluster path, force_no_sync, no rows (one cluster)", 2000, 8, 8, 16, -1, 0, high=0,
+    _drawn("passes path, force_no_sync, no rows", 2000, 8, 8, 16, -1, 0, high=0,
            kwargs={"force_no_sync": True}),
-    # four clusters over one group of 32 per warp range: clusters 1-3 place nothing (empty parts)
-    _routed("cluster path: four clusters, empty parts, long padding tail", 1500, 6, 32, 16, 200000, unrouted=0.1),
+    # 9000 entries: 94 blocks of 96 entries, one group of 32 in 3 warps of each, 29 empty warps
+    _routed("passes path: most warps empty, long padding tail", 1500, 6, 32, 16, 200000, unrouted=0.1),
+    # the passes path's own cases: every entry one expert (each chunk and warp boundary lies inside
+    # its run); the fewest entries (8200: 86 blocks of 96, the last with 40, 8 of them in its second
+    # warp); 1024 experts at 20000 x 8 entries (16 blocks, the most at 1024 experts; warp pieces of
+    # 320 entries: two steps, the second re-read); 122880 entries over 4 experts (MAX_GRID blocks:
+    # 128 of 960 entries)
+    _drawn("passes path: one expert takes every entry", 3000, 4, 3, 16, 1, "T * 4 + 3 * 15", high=2),
+    _drawn("passes path: 8200 entries (the fewest), 40 experts", 1025, 8, 40, 8, -1, "T * 8 + 40 * 7"),
+    _drawn("passes path: 1024 experts, two steps per warp", 20000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
+    _routed("passes path: the most blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
 ]
 
 SCHEMA = Schema(
@@ -78,6 +88,12 @@ SCHEMA = Schema(
                   Out("expert_start", dtype="'int32'", shape="[num_experts]"),
                   Out("expert_end", dtype="'int32'", shape="[num_experts]"),
                   Out("num_tokens_per_expert", dtype="'int32'", shape="[num_experts]")],
+            # the passes path's per-block counts [expert][block] (host.h: num_experts x the grid's most
+            # blocks; none for the blocks path), written by the count launch, read by the place launch
+            scratch=[Out("scratch", dtype="'int32'",
+                         shape="[num_experts * max(min(16384 // max(num_experts, 1), 128), 1) "
+                               "if topk_idx.shape[0] * topk_idx.shape[1] > 8192 else 0]")],
+            launches=True,
             returns=["pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
                      "expert_end", "num_tokens_per_expert"],
             dims=[("rows", _ROWS)],
