@@ -159,8 +159,7 @@ def test_cluster_shape_reaches_the_launch(lowered, tmp_path):
 
 
 @pytest.mark.parametrize("kernel, folder, config, grid", [
-    ("moe.get_fused_mapping", "kernels_tl.moe.get_fused_mapping.kernel", {"path": "cluster"}, None),
-    ("moe.group_count", "kernels_tl.moe.group_count.kernel", {}, "CLUSTER")])
+    ("moe.get_fused_mapping", "kernels_tl.moe.get_fused_mapping.kernel", {"path": "cluster"}, None)])
 def test_installed_cluster_kernel_records_its_cluster(kernel, folder, config, grid):
     """A cluster kernel (its kernel.py: clusters of CLUSTER blocks; ``grid`` "CLUSTER": exactly
     one): the installed manifest says so for every arch, so the launch sets the cluster shape
