@@ -1,9 +1,14 @@
 """moe.group_count and moe.aux_fi: one kernel (a histogram of expert indices) for both; the
-expert count (1 to 1024), token count and top-k are run-time values."""
+expert count (1 to 1024), token count and top-k are run-time values.  Up to 8192 entries one
+launch of one block; above, two launches (counting blocks into the scratch rows, then the
+reduce)."""
 
 from kernels_tl.schema import Int, Op, Out, Param, Randint, Sample, Schema, Tensor
 
 INDICES = Tensor(["int64"], 2)
+# The split form's per-block counts, int32 [counting blocks, bins] (host.h: plan_histogram sizes
+# it from the entry count and the SM count; no rows for one launch).  Scratch: never returned.
+PARTIAL = Out("partial", dtype="'int32'", shape="[counting_blocks, num_groups]")
 
 
 def _idx(num_experts: int, num_topk: int = 8) -> Randint:
@@ -14,8 +19,11 @@ def _idx(num_experts: int, num_topk: int = 8) -> Randint:
 # decode, prefill, then upstream's benchmark: 4001 tokens per rank routed top-8 over 256 (or 72)
 # experts on 8 EP ranks, the rows with an expert of this rank kept (about 21184 x 8 over 32
 # local experts; 64 ranks: about 30711 x 8 over 4), then the extremes of the bin count
-# (1 and 1024 = one bin per thread), an odd top-k and a partial last tile, and a count whose
-# blocks each take more than one tile.
+# (1, and 1024 both in one launch and split: 32 reduce blocks), an odd top-k, the one-launch
+# limit (4096 entries) and one entry past it (5 counting blocks of 832, a short last one), the
+# counting grid at its cap on a 132-SM part (135168 entries: 132 blocks of 1024) and 8 entries
+# past it (32-entry rounding: 129 blocks, the last with 8 entries), and counting blocks of more
+# than one tile (4096 entries) on 132- and 144-block grids.
 _SHAPES = [
     ("decode", 128, 256, 8),
     ("prefill", 8192, 256, 8),
@@ -23,8 +31,13 @@ _SHAPES = [
     ("upstream: 256 experts / 64 EP ranks", 30711, 4, 8),
     ("upstream: 72 experts / 8 EP ranks, top-6", 18088, 9, 6),
     ("1024 experts", 3000, 1024, 8),
+    ("1024 experts, one launch", 500, 1024, 8),
     ("1 expert, top-9", 1000, 1, 9),
-    ("two tiles per block of the cluster (past 262144 entries)", 40000, 64, 8),
+    ("one-launch limit (4096 entries)", 512, 64, 8),
+    ("one entry past the one-launch limit", 4097, 64, 1),
+    ("132 counting blocks of 1024 entries", 16896, 256, 8),
+    ("8 entries past 132 x 1024", 16897, 256, 8),
+    ("two tiles per counting block", 80000, 64, 8),
 ]
 
 SCHEMA = Schema(
@@ -36,6 +49,8 @@ SCHEMA = Schema(
             params=[Param("group_idx", INDICES), Param("num_groups", Int())],
             outs=[Out("out", dtype="'int32'", shape="[num_groups]")],
             returns=["out"],
+            scratch=[PARTIAL],
+            launches=True,
             reference="tile_kernels_aot.torch.moe.group_count",
             samples=[Sample(name, tokens, [_idx(experts, topk), experts]) for name, tokens, experts, topk in _SHAPES],
             token_dim=None,  # one histogram over all tokens
@@ -51,6 +66,8 @@ SCHEMA = Schema(
             params=[Param("topk_idx", INDICES), Param("num_experts", Int()), Param("num_aux_topk", Int())],
             outs=[Out("out", dtype="'float32'", shape="[num_experts]")],
             returns=["out"],
+            scratch=[PARTIAL],
+            launches=True,
             reference="tile_kernels_aot.torch.moe.aux_fi",
             samples=[Sample(name, tokens, [_idx(experts, topk), experts, topk]) for name, tokens, experts, topk in _SHAPES]
             + [Sample("upstream: num_aux_topk 1", 21184, [_idx(32), 32, 1])],
