@@ -12,25 +12,26 @@ each product and sum rounded on its own (no fused multiply-add), as the referenc
 Design
 ------
 The sum over ``P`` is one chain per column, so the parallelism is in the columns and the
-memory-level parallelism must come from rows requested ahead of the chain.  Blocks of one
-warp; lane ``l`` of block ``b`` owns the four columns ``4 * (32 * b + l) .. + 3`` (a warp: 128
-columns, 512 contiguous bytes of each row).  The rows stream through a ring of ``STAGES``
-groups of ``ROWS`` rows in shared memory (160 rows, 80 KB), so that every row up to
-``P = 160`` (132 on an H200, 148 on a B200) is requested at once; two blocks fit on an SM, and
-the 224 blocks of hidden 7168 (hc_mult 4) are one wave.  The lane waits for one group at a
-time, adds its rows in order and refills the group's slots with the group ``STAGES`` further
-on (only when ``P > 160``).
+memory-level parallelism must come from rows requested ahead of the chain.  Blocks of
+``THREADS`` threads (four warps) own ``SPAN`` consecutive columns; thread ``t`` owns the ``VEC``
+columns ``SPAN * b + VEC * t .. + VEC - 1`` (its ``VEC`` floats of each row, contiguous across
+the block, so its shared-memory reads are conflict-free).  The rows stream through a ring of
+``STAGES`` groups of ``ROWS`` rows in shared memory; every row up to ``STAGES * ROWS`` is
+requested at once.  Each thread waits for one group at a time, adds its rows in order and, when
+``P`` exceeds the ring, the block refills the group's slot with the group ``STAGES`` further on.
 
 Aligned rows (``hc_mult * hidden`` a multiple of 4 and the partial sums 16-byte aligned: the
 host's ``vec`` flag) are fetched by the TMA engine: one 1-D bulk copy (``cp.async.bulk``) per
-row of the block's columns (up to 512 bytes), lane ``u`` copying row ``u`` of each group, every
-group completing its own mbarrier (one per ring slot, parity = the slot's use count).  Bulk
-copies do not go through the L1's miss tracking, so one warp keeps all of its 66 KB (P = 132)
-in flight.  Before a slot is refilled every lane has read it (``__syncwarp``), and a proxy
-fence orders those reads before the bulk copies' writes.
+row of the block's columns (``SPAN * 4`` bytes, less in the last block), completing on the
+group's mbarrier (one per ring slot, parity = the slot's use count).  The ``ROWS`` copies of a
+group are issued by ``ISSUE_WARPS`` warps, ``ROWS / ISSUE_WARPS`` lanes each (row ``u`` by lane
+``u // ISSUE_WARPS`` of warp ``u % ISSUE_WARPS``): the SASS issues a bulk copy from uniform
+registers, so a warp's copies go one lane at a time, and warps issue side by side.  Before a
+slot is refilled every thread has read it (a proxy fence per thread, then a block barrier),
+thread 0 announces the group's bytes and the issuing lanes copy.
 
 Other rows take the 4-byte form: ``cp.async.ca`` copies, one per column (guarded), waited for
-with ``cp.async.wait_group``.  A lane reads only the slots it filled itself, so its wait alone
+with ``cp.async.wait_group``.  A thread reads only the slots it filled itself, so its wait alone
 makes them visible.  ``P``, the columns and the shapes are run-time values (one cubin); row
 offsets are 64-bit.
 """
@@ -41,13 +42,15 @@ from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.engram import cp_async
 
 WARP = 32
-VEC = 4  # columns per lane (16 bytes of fp32)
-SPAN = WARP * VEC  # columns per block
-ROWS = 16  # rows per group (lane u < ROWS issues the group's row u)
+THREADS = 128  # four warps
+SPAN = 256  # columns per block (a row's piece: SPAN * 4 bytes, one bulk copy)
+VEC = SPAN // THREADS  # columns per thread
+ROWS = 16  # rows per group
 STAGES = 10  # groups in the ring (wait counts up to STAGES - 1 <= cp_async.MAX_GROUPS)
+ISSUE_WARPS = 4  # warps issuing a group's bulk copies (ROWS / ISSUE_WARPS lanes each)
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 # shared memory is written by cp.async / cp.async.bulk (unseen by TileLang);
-                # each lane reads its slots after its own wait
+                # each thread reads its slots after its own wait
                 "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True}
 
 # 4-byte copies for the unaligned path (cp.async.ca: the 4-byte form); 1-D bulk copies and
@@ -85,9 +88,9 @@ __device__ __forceinline__ void tka_gwr_wait(void* bar, int parity) {
                  : "=r"(done) : "r"(tka_smem_addr(bar)), "r"(parity) : "memory");
   } while (!done);
 }
-// the warp's shared-memory reads of a slot, before the bulk copies that refill it
-__device__ __forceinline__ void tka_gwr_release() {
-  __syncwarp();
+// this thread's shared-memory reads of a slot, before the bulk copies that refill it (a
+// block barrier follows, so every thread's reads precede the issuing threads' copies)
+__device__ __forceinline__ void tka_gwr_proxy_fence() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 """
@@ -97,53 +100,51 @@ def _copy4(dst, src):
     return T.call_extern("void", "tka_cp_async_4", T.address_of(dst), T.address_of(src))
 
 
-def _syncwarp():
-    return T.call_extern("void", "__syncwarp")
-
-
 @T.macro
-def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, lane):
-    """4-byte form: group ``group``'s rows of the lane's columns into its ring slot, then one
+def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, tid):
+    """4-byte form: group ``group``'s rows of the thread's columns into its ring slot, then one
     commit (an empty group past the last row)."""
     for u in T.unroll(ROWS):
         if group * ROWS + u < num_rows:
             for i in T.unroll(VEC):
                 if col0 + i < num_cols:
-                    T.evaluate(_copy4(ring[group % STAGES, u, lane, i], grad_w_partial[group * ROWS + u, col0 + i]))
+                    T.evaluate(_copy4(ring[group % STAGES, u, tid * VEC + i], grad_w_partial[group * ROWS + u, col0 + i]))
     cp_async.commit()
 
 
 @T.macro
-def _expect(bars, group, num_rows, row_bytes, lane):
-    """Bulk form, lane 0: the arrival of group ``group``'s barrier phase with its bytes."""
-    if lane == 0:
+def _expect(bars, group, num_rows, row_bytes, tid):
+    """Bulk form, thread 0: the arrival of group ``group``'s barrier phase with its bytes."""
+    if tid == 0:
         T.evaluate(T.call_extern("void", "tka_gwr_expect", T.address_of(bars[group % STAGES]),
                                  T.Cast("int32", T.min(num_rows - group * ROWS, ROWS)) * row_bytes))
 
 
 @T.macro
-def _bulk(ring, bars, grad_w_partial, group, num_rows, block_col, row_bytes, lane):
-    """Bulk form: lane ``u`` copies row ``u`` of group ``group`` (the block's columns)."""
-    if lane < ROWS:
-        if group * ROWS + lane < num_rows:
-            T.evaluate(T.call_extern("void", "tka_gwr_bulk", T.address_of(ring[group % STAGES, lane, 0, 0]),
-                                     T.address_of(grad_w_partial[group * ROWS + lane, block_col]), row_bytes,
+def _bulk(ring, bars, grad_w_partial, group, num_rows, block_col, row_bytes, issue_row):
+    """Bulk form: the issuing lane of row ``issue_row`` of a group copies that row of group
+    ``group`` (the block's columns); other threads have ``issue_row`` = ROWS."""
+    if issue_row < ROWS:
+        if group * ROWS + issue_row < num_rows:
+            T.evaluate(T.call_extern("void", "tka_gwr_bulk", T.address_of(ring[group % STAGES, issue_row, 0]),
+                                     T.address_of(grad_w_partial[group * ROWS + issue_row, block_col]), row_bytes,
                                      T.address_of(bars[group % STAGES])))
 
 
 @T.macro
-def _add_group(ring, vals, total, group, num_rows, lane):
-    """Add the lane's columns of group ``group``'s rows, in order."""
+def _add_group(ring, vals, total, group, num_rows, tid):
+    """Add the thread's columns of group ``group``'s rows, in order."""
     for u in T.unroll(ROWS):
         if group * ROWS + u < num_rows:
             for i in T.vectorized(VEC):
-                vals[i] = ring[group % STAGES, u, lane, i]
+                vals[i] = ring[group % STAGES, u, tid * VEC + i]
             for i in T.unroll(VEC):
                 total[i] = total[i] + vals[i]
 
 
 def grad_w_reduce_kernel():
-    assert STAGES - 1 <= cp_async.MAX_GROUPS and ROWS <= WARP
+    assert STAGES - 1 <= cp_async.MAX_GROUPS and SPAN % THREADS == 0 and VEC <= 4
+    assert ROWS % ISSUE_WARPS == 0 and ROWS // ISSUE_WARPS <= WARP and ISSUE_WARPS * WARP <= THREADS
     num_rows = T.dynamic("num_rows", "int64")  # P
     num_cols = T.dynamic("num_cols", "int64")  # hc_mult * hidden
 
@@ -156,13 +157,18 @@ def grad_w_reduce_kernel():
         grad_weight_embed: T.Tensor[(num_cols,), T.float32],
         vec: T.int32,  # 1: num_cols % 4 == 0 and grad_w_partial 16-byte aligned
     ):
-        with T.Kernel(T.Cast("int32", T.ceildiv(num_cols, SPAN)), threads=WARP) as bid:
+        with T.Kernel(T.Cast("int32", T.ceildiv(num_cols, SPAN)), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.import_source(cp_async.DEVICE_SOURCE + DEVICE_SOURCE)
-            lane = T.get_thread_binding()
+            tid = T.get_thread_binding()
             block_col = T.Cast("int64", bid) * SPAN
-            col0 = block_col + T.Cast("int64", lane) * VEC
-            ring = T.alloc_shared((STAGES, ROWS, WARP, VEC), T.float32)
+            col0 = block_col + T.Cast("int64", tid) * VEC
+            # the row of each group this thread copies (bulk form), ROWS if none
+            lane = tid % WARP
+            warp = tid // WARP
+            issue_row = T.if_then_else(T.And(warp < ISSUE_WARPS, lane < ROWS // ISSUE_WARPS),
+                                       lane * ISSUE_WARPS + warp, ROWS)
+            ring = T.alloc_shared((STAGES, ROWS, SPAN), T.float32)
             bars = T.alloc_shared((STAGES,), T.uint64)
             vals = T.alloc_local((VEC,), T.float32)
             total = T.alloc_local((VEC,), T.float32)
@@ -173,18 +179,17 @@ def grad_w_reduce_kernel():
 
             # ---- the first STAGES groups in flight
             if vec == 1:
-                if lane == 0:
+                if tid == 0:
                     T.evaluate(T.call_extern("void", "tka_gwr_init_barriers", T.address_of(bars[0]), STAGES))
-                T.evaluate(_syncwarp())
+                    for b in T.serial(STAGES):
+                        if b < groups:
+                            _expect(bars, b, num_rows, row_bytes, tid)
+                T.sync_threads()  # barriers initialised and armed before any copy
                 for b in T.serial(STAGES):
-                    if b < groups:
-                        _expect(bars, b, num_rows, row_bytes, lane)
-                T.evaluate(_syncwarp())
-                for b in T.serial(STAGES):
-                    _bulk(ring, bars, grad_w_partial, b, num_rows, block_col, row_bytes, lane)
+                    _bulk(ring, bars, grad_w_partial, b, num_rows, block_col, row_bytes, issue_row)
             else:
                 for b in T.serial(STAGES):
-                    _issue(ring, grad_w_partial, b, num_rows, num_cols, col0, lane)
+                    _issue(ring, grad_w_partial, b, num_rows, num_cols, col0, tid)
 
             # ---- the weights and the gradients (their latency overlaps the rows')
             for i in T.unroll(VEC):
@@ -197,22 +202,22 @@ def grad_w_reduce_kernel():
                     side[2, i] = grad_weight_hidden[col0 + i]
                     side[3, i] = grad_weight_embed[col0 + i]
 
-            # ---- one group at a time: wait, add its rows in order, refill its slots
+            # ---- one group at a time: wait, add its rows in order, refill its slot
             if vec == 1:
                 for b in T.serial(groups):
                     T.evaluate(T.call_extern("void", "tka_gwr_wait", T.address_of(bars[b % STAGES]),
                                              T.Cast("int32", (b // STAGES) % 2)))
-                    _add_group(ring, vals, total, b, num_rows, lane)
-                    if b + STAGES < groups:
-                        T.evaluate(T.call_extern("void", "tka_gwr_release"))
-                        _expect(bars, b + STAGES, num_rows, row_bytes, lane)
-                        T.evaluate(_syncwarp())
-                        _bulk(ring, bars, grad_w_partial, b + STAGES, num_rows, block_col, row_bytes, lane)
+                    _add_group(ring, vals, total, b, num_rows, tid)
+                    if b + STAGES < groups:  # uniform across the block
+                        T.evaluate(T.call_extern("void", "tka_gwr_proxy_fence"))
+                        _expect(bars, b + STAGES, num_rows, row_bytes, tid)
+                        T.sync_threads()  # every thread has read the slot (and it is armed)
+                        _bulk(ring, bars, grad_w_partial, b + STAGES, num_rows, block_col, row_bytes, issue_row)
             else:
                 for b in T.serial(groups):
                     cp_async.wait(STAGES - 1)
-                    _add_group(ring, vals, total, b, num_rows, lane)
-                    _issue(ring, grad_w_partial, b + STAGES, num_rows, num_cols, col0, lane)
+                    _add_group(ring, vals, total, b, num_rows, tid)
+                    _issue(ring, grad_w_partial, b + STAGES, num_rows, num_cols, col0, tid)
 
             for i in T.unroll(VEC):
                 if col0 + i < num_cols:
