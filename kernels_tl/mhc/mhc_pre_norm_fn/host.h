@@ -49,9 +49,9 @@ inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms, boo
 
 // The split layout's kernel parameters (present in KernelArgs where a split config is prebuilt).
 template <class K>
-inline auto set_split_args(K& k, void* partials, int64_t launch) -> decltype(k.partials = partials, k.launch = launch, void()) {
+inline auto set_split_args(K& k, void* partials, int64_t launch) -> decltype(k.partials = partials, k.combine = launch, void()) {
   k.partials = partials;
-  k.launch = launch;
+  k.combine = launch;
 }
 inline void set_split_args(...) {}
 

@@ -43,9 +43,9 @@ partials meet (through distributed shared memory in a cluster) in the fixed tree
 tokens one step's W slice (and its hi / lo conversion) serves twice the tokens of a 64-token
 tile: half the L2 reads of W per token.  With ``splits = 2`` a tile is two clusters (each
 walking 8 / (2 * cluster) lane groups per block, the aligned subtree of 4 of the 8): launch 0
-stores each cluster's subtree sums and square sums into the scratch ``partials``, launch 1 (no
-step; after the dependent-launch wait) adds the two splits' as the tree's root and writes
-``out``: the same tree, so the same bits.  K is a run-time value (a multiple of 1024);
+stores each cluster's subtree sums and square sums into the scratch ``partials``, launch 1
+(``combine = 1``: no step; after the dependent-launch wait) adds the two splits' as the tree's
+root and writes ``out``: the same tree, so the same bits.  K is a run-time value (a multiple of 1024);
 ``mhc_mult``, ``cluster``, ``tile_tokens`` and ``splits`` are static.  Token and K offsets are 64-bit.
 """
 
@@ -207,10 +207,10 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens, splits):
         has_weight: T.int32,
         eps: T.float32,
         features: T.float32,  # K, exact in float32
-        # splits == 2 only: each (tile, split)'s subtree and square sums (launch 0 writes them,
-        # launch 1 adds the two splits' into out); unused (not a kernel parameter) at splits == 1
+        # splits == 2 only (else unused, not kernel parameters): each (tile, split)'s subtree and
+        # square sums (launch 0 writes them, launch 1 adds the two splits' into out)
         partials: T.Tensor[(T.ceildiv(num_tokens, TOKENS) * (splits * record),), T.float32],
-        launch: T.int32,
+        combine: T.int32,  # the launch index of a split layout: 0 the steps, 1 the splits' sums
     ):
         with T.Kernel(T.Cast("int32", T.ceildiv(num_tokens, TOKENS)) * tile_blocks, threads=THREADS,
                       cluster_dims=cluster) as bid:
@@ -227,7 +227,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens, splits):
             place = (bid // cluster) % splits * cluster + rank if splits > 1 else rank
             steps_per_phase = chunks // GROUPS
             # launch 1 of a split layout walks no step: it only adds the splits' partials
-            steps = phases * steps_per_phase if splits == 1 else phases * steps_per_phase * (1 - launch)
+            steps = phases * steps_per_phase if splits == 1 else phases * steps_per_phase * (1 - combine)
 
             xs = T.alloc_shared((STAGES, TOKENS, CHUNK), T.bfloat16)
             wr = T.alloc_shared((STAGES, m3, CHUNK), T.float32)
@@ -405,7 +405,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens, splits):
             else:
                 # the split's record: (tile * splits + split) * record floats in
                 base = (T.Cast("int64", bid // tile_blocks) * splits + (bid // cluster) % splits) * record
-                if launch == 0:
+                if combine == 0:
                     # the cluster's subtree sums (its phases' aligned subtree of the 8) and square
                     # sums, for every token of the tile (rows past the end too: never read into out)
                     for q in T.unroll((share + THREADS - 1) // THREADS):
