@@ -305,8 +305,8 @@ def test_a_prologue_launching_another_folders_op_and_scratch_buffers_in_the_stub
                         ("mhc_pre_eps", f32), ("num_tokens", i32), ("pieces", i32), ("repeat", i32)],
                        ["(floordiv(((num_tokens * pieces) + 255), 256) + floordiv((num_tokens + 15), 16))", "1", "1"])
     units = [
-        (norm.kernel, norm.schema, {"configs": [{"config": {"mhc_mult": 4, "cluster": c, "tile_tokens": t},
-                                                 "key": f"cluster={c},mhc_mult=4,tile_tokens={t}",
+        (norm.kernel, norm.schema, {"configs": [{"config": {"mhc_mult": 4, "cluster": c, "tile_tokens": t, "splits": 1},
+                                                 "key": f"cluster={c},mhc_mult=4,splits=1,tile_tokens={t}",
                                                  "constants": {"span": 1024, "tokens_per_block": t},
                                                  "builds": {"sm_90a": norm_build}} for c in (1, 2, 4, 8) for t in (64, 128)]},
          norm.path),

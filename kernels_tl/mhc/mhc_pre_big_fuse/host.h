@@ -63,7 +63,8 @@ inline bool needs_launch(const Plan& p) { return p.num_tokens > 0; }
 
 // mhc_pre_norm_fn's kernel into the scratch mixes, on the same stream (this kernel waits for it)
 inline bool prologue(const char* op, const Args&, const Plan& p, const Outs& o, int device, void* stream) {
-  return norm::run(op, p.norm_args, norm::Outs{o.mixes}, device, stream);
+  static const TensorArg no_partials{};  // norm-fn's split layout's scratch: never picked without the weight
+  return norm::run(op, p.norm_args, norm::Outs{o.mixes, no_partials}, device, stream);
 }
 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {

@@ -6,24 +6,28 @@
 namespace tka::mhc_mhc_pre_norm_fn::mhc_pre_norm_fn {
 
 struct Plan {
-  int64_t num_tokens, mhc_mult, hidden, features, rows, cluster, tile_tokens;
+  int64_t num_tokens, mhc_mult, hidden, features, rows, cluster, tile_tokens, splits;
 };
 
 // Tokens per tile (64 or 128) and blocks per tile (2 or 8; each block walks 8 / cluster of the 8
 // lane groups, K / 1024 steps each): the layout with the least block time over its waves, a step
 // costing the bytes it moves into the SM (x 16 KB + W 12 KB at 64 tokens, 32 + 12 KB at 128), a
 // block's pipeline fill and final tree 3 steps, clusters of 8 fitting `sms` rounded down to 8
-// blocks; ties go to 64 tokens, then to the smaller cluster.  With the norm weight, the best
-// 64-token layout (the 128-token tile measured slower with it; see notes.md).  Every layout sums
-// each token in the same order (the result never depends on it).
+// blocks; ties go to 64 tokens, then to the smaller cluster.  With the norm weight, also a
+// 128-token tile of two clusters of 2 (splits = 2: each cluster walks 4 of the 8 lane groups
+// and stores its subtree sums, a second launch adds the two; clusters of 2 always fit the
+// SMs, unlike 32 clusters of 4 at one block per SM), costed with 2 more steps for the second
+// launch; a strictly smaller cost is needed to take it.  Without the weight the split layout
+// is never picked (those calls keep their layouts).  Every layout sums each token in the same
+// order (the result never depends on it).
 struct Layout {
-  int64_t tile_tokens, cluster;
+  int64_t tile_tokens, cluster, splits;
 };
 
 inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms, bool has_weight) {
   const int64_t steps = features / 1024;
-  Layout best{64, 2}, best64{64, 2};
-  int64_t best_cost = -1, best64_cost = -1;
+  Layout best{64, 2, 1};
+  int64_t best_cost = -1;
   for (int64_t tile : {64, 128}) {
     const int64_t tiles = (num_tokens + tile - 1) / tile, step_kb = tile / 4 + 12;
     for (int64_t c : {2, 8}) {
@@ -31,12 +35,25 @@ inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms, boo
       if (slots < c) slots = c;
       const int64_t waves = (tiles * c + slots - 1) / slots;
       const int64_t cost = waves * ((8 / c) * steps + 3) * step_kb;
-      if (best_cost < 0 || cost < best_cost) best = Layout{tile, c}, best_cost = cost;
-      if (tile == 64 && (best64_cost < 0 || cost < best64_cost)) best64 = Layout{tile, c}, best64_cost = cost;
+      if (best_cost < 0 || cost < best_cost) best = Layout{tile, c, 1}, best_cost = cost;
     }
   }
-  return has_weight ? best64 : best;
+  if (has_weight) {  // 128 tokens, two clusters of 2 per tile, each block 2 lane groups
+    const int64_t tiles = (num_tokens + 127) / 128, slots = sms < 2 ? 2 : sms;
+    const int64_t waves = (tiles * 4 + slots - 1) / slots;
+    const int64_t cost = waves * (2 * steps + 3 + 2) * (128 / 4 + 12);
+    if (cost < best_cost) best = Layout{128, 2, 2};
+  }
+  return best;
 }
+
+// The split layout's kernel parameters (present in KernelArgs where a split config is prebuilt).
+template <class K>
+inline auto set_split_args(K& k, void* partials, int64_t launch) -> decltype(k.partials = partials, k.combine = launch, void()) {
+  k.partials = partials;
+  k.combine = launch;
+}
+inline void set_split_args(...) {}
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.residual.shape[0];
@@ -64,22 +81,32 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   const Layout l = pick_layout(p.num_tokens, K, sms, a.mhc_norm_weight.present);
   p.cluster = l.cluster;
   p.tile_tokens = l.tile_tokens;
+  p.splits = l.splits;
   TKA_CHECK((p.num_tokens + p.tile_tokens - 1) / p.tile_tokens * p.cluster <= INT32_MAX, "residual",
             "must have fewer than 2^31 / %lld tiles of %lld tokens, got %lld tokens", static_cast<long long>(p.cluster),
             static_cast<long long>(p.tile_tokens), static_cast<long long>(p.num_tokens));
   c.mhc_mult = p.mhc_mult;
   c.cluster = p.cluster;
   c.tile_tokens = p.tile_tokens;
+  c.splits = p.splits;
   return true;
 }
 
+// scratch `partials`: 2 records of 128 * (M3 + 1) floats per 128 tokens (the split layout's;
+// allocated for every call, as the schema declares it, and unused by the other layouts)
 inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.out, F32, {p.num_tokens, p.rows});
+  dense_output(s.partials, F32, {(p.num_tokens + 127) / 128 * 256 * (p.rows + 1)});
 }
+
+// the split layout: launch 0 the clusters' subtree sums into `partials`, launch 1 adds them
+inline int64_t launches(const Plan& p) { return p.splits; }
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0; }
 
-inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k,
+                        int64_t launch) {
+  TKA_CHECK(p.splits == 1 || o.partials.data != nullptr, "residual", "cannot run the split layout without its scratch buffer");
   k.residual = a.residual.data;
   k.mhc_fn = a.mhc_fn.data;
   // no weight: the kernel copies K floats from it but never uses them (has_weight == 0); mhc_fn
@@ -91,6 +118,7 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.has_weight = a.mhc_norm_weight.present ? 1 : 0;
   k.eps = static_cast<float>(a.mhc_norm_eps);
   k.features = static_cast<float>(p.features);
+  set_split_args(k, o.partials.data, launch);
   return true;
 }
 

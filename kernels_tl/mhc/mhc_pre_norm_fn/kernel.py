@@ -41,8 +41,12 @@ phase tree (the last phase stores the block's subtree sum) and each token's lane
 sum stored as that phase's partial; after the loop the blocks' subtree sums and the square
 partials meet (through distributed shared memory in a cluster) in the fixed tree.  At 128
 tokens one step's W slice (and its hi / lo conversion) serves twice the tokens of a 64-token
-tile: half the L2 reads of W per token.  K is a run-time value (a multiple of 1024); ``mhc_mult`` and
-``cluster`` are static.  Token and K offsets are 64-bit.
+tile: half the L2 reads of W per token.  With ``splits = 2`` a tile is two clusters (each
+walking 8 / (2 * cluster) lane groups per block, the aligned subtree of 4 of the 8): launch 0
+stores each cluster's subtree sums and square sums into the scratch ``partials``, launch 1
+(``combine = 1``: no step; after the dependent-launch wait) adds the two splits' as the tree's
+root and writes ``out``: the same tree, so the same bits.  K is a run-time value (a multiple of 1024);
+``mhc_mult``, ``cluster``, ``tile_tokens`` and ``splits`` are static.  Token and K offsets are 64-bit.
 """
 
 from tilelang import language as T
@@ -65,6 +69,8 @@ WARPS = THREADS // WARP
 # fit shared memory): 84 / 88 KB in flight
 STAGES_OF = {64: 4, 128: 3}
 CLUSTERS = (1, 2, 4, 8)
+# clusters per tile (static ``splits``): 1, or 2 whose subtree sums meet in a second launch
+SPLITS = (1, 2)
 # Every shared-memory barrier is placed by hand (one per step, one at a phase end, the final
 # ones) and every index is in bounds by construction (x rows past the end clamp to the last
 # token): TileLang's automatic barriers and guards would add more per step.
@@ -111,7 +117,7 @@ def _uses_wgmma() -> bool:
     return not bool(ctx.config.get("tl.disable_wgmma", False))
 
 
-def host_constants(mhc_mult, cluster, tile_tokens):
+def host_constants(mhc_mult, cluster, tile_tokens, splits):
     return {"span": SPAN, "tokens_per_block": tile_tokens}
 
 
@@ -127,16 +133,16 @@ def _pair_tree(values):
     return values[0]
 
 
-def _groups_tree(res, size, phases, at, remote):
-    """``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))`` over the 8 phases' partials at
-    offset ``at`` of each phase's slice of ``res`` (``size`` floats); phase ``g`` is local phase
-    ``g % phases`` of cluster rank ``g // phases`` (through distributed shared memory when
-    ``remote``)."""
+def _groups_tree(res, size, phases, at, remote, groups=GROUPS):
+    """``((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))`` over the cluster's ``groups`` phases'
+    partials (all 8, or a split's aligned subtree) at offset ``at`` of each phase's slice of
+    ``res`` (``size`` floats); phase ``g`` is local phase ``g % phases`` of cluster rank
+    ``g // phases`` (through distributed shared memory when ``remote``)."""
     if remote:
         return _pair_tree([T.call_extern(T.float32, "tka_cluster_load_f32",
                                          T.address_of(res[(g % phases) * size + at]), g // phases)
-                           for g in range(GROUPS)])
-    return _pair_tree([res[g * size + at] for g in range(GROUPS)])
+                           for g in range(groups)])
+    return _pair_tree([res[g * size + at] for g in range(groups)])
 
 
 def _ranks_tree(res, at, cluster):
@@ -147,15 +153,17 @@ def _ranks_tree(res, at, cluster):
                        for r in range(cluster)])
 
 
-def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
-    assert cluster in CLUSTERS and tile_tokens in TILES
+def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens, splits):
+    assert cluster in CLUSTERS and tile_tokens in TILES and splits in SPLITS and cluster * splits <= GROUPS
     TOKENS = tile_tokens
     STAGES = STAGES_OF[TOKENS]
     TOKENS_PER_WARP = TOKENS // WARPS  # tokens' squares per thread (8 or 16)
     m3 = mhc_mult * (mhc_mult + 2)
     n = 2 * m3  # GEMM columns: [hi; lo]
     assert n % 8 == 0 and n <= 256  # a wgmma / mma N
-    phases = GROUPS // cluster  # lane groups per block
+    tile_blocks = cluster * splits  # blocks per tile
+    phases = GROUPS // tile_blocks  # lane groups per block
+    record = TOKENS * (m3 + 1)  # floats of a split's partials: subtree sums, then square sums
     levels = phases.bit_length() - 1  # depth of the phase tree inside a block (3, 2, 1, 0)
     x_chunks = CHUNK * 2 // 16  # 16-byte pieces of a token row's step slice (16)
     x_passes = TOKENS * x_chunks // THREADS  # x copies per thread and step (4 or 8)
@@ -199,8 +207,12 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
         has_weight: T.int32,
         eps: T.float32,
         features: T.float32,  # K, exact in float32
+        # splits == 2 only (else unused, not kernel parameters): each (tile, split)'s subtree and
+        # square sums (launch 0 writes them, launch 1 adds the two splits' into out)
+        partials: T.Tensor[(T.ceildiv(num_tokens, TOKENS) * (splits * record),), T.float32],
+        combine: T.int32,  # the launch index of a split layout: 0 the steps, 1 the splits' sums
     ):
-        with T.Kernel(T.Cast("int32", T.ceildiv(num_tokens, TOKENS)) * cluster, threads=THREADS,
+        with T.Kernel(T.Cast("int32", T.ceildiv(num_tokens, TOKENS)) * tile_blocks, threads=THREADS,
                       cluster_dims=cluster) as bid:
             T.import_source(source)
             wait_for_previous_grid()  # programmatic dependent launch
@@ -210,9 +222,12 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
             warp = tid // WARP  # tokens warp * 8 .. + 7 (squares)
             wc = tid % w_chunks  # this thread's W piece: columns 4 wc .. 4 wc + 3
             rank = block_rank_in_cluster() if cluster > 1 else 0
-            t0 = T.Cast("int64", bid // cluster) * TOKENS
+            t0 = T.Cast("int64", bid // tile_blocks) * TOKENS
+            # this block's place among the tile's blocks: split-major, then cluster rank
+            place = (bid // cluster) % splits * cluster + rank if splits > 1 else rank
             steps_per_phase = chunks // GROUPS
-            steps = phases * steps_per_phase
+            # launch 1 of a split layout walks no step: it only adds the splits' partials
+            steps = phases * steps_per_phase if splits == 1 else phases * steps_per_phase * (1 - combine)
 
             xs = T.alloc_shared((STAGES, TOKENS, CHUNK), T.bfloat16)
             wr = T.alloc_shared((STAGES, m3, CHUNK), T.float32)
@@ -255,7 +270,7 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
             for q in T.unroll(w_passes):
                 w_at[q] = (T.Cast("int64", tid // w_chunks + q * w_rows) * chunks * CHUNK + wc * 4) * 4
             x_i = 0
-            x_g = rank * phases
+            x_g = place * phases
             c_i = 0
             phase = 0
 
@@ -378,14 +393,43 @@ def mhc_pre_norm_fn_kernel(mhc_mult, cluster, tile_tokens):
             else:
                 T.sync_threads()
             share = TOKENS * m3 // cluster
-            for q in T.unroll((share + THREADS - 1) // THREADS):
-                if tid + q * THREADS < share:
-                    tt = (rank * share + tid + q * THREADS) // m3
-                    j = (rank * share + tid + q * THREADS) % m3
-                    total = _ranks_tree(res, tt * m3 + j, cluster)
-                    ssum = _groups_tree(res_sq, TOKENS, phases, tt, cluster > 1)
-                    if t0 + tt < num_tokens:
-                        out[t0 + tt, j] = T.ieee_mul(total, T.rsqrt(T.ieee_add(T.ieee_fdiv(ssum, features), eps)))
+            if splits == 1:
+                for q in T.unroll((share + THREADS - 1) // THREADS):
+                    if tid + q * THREADS < share:
+                        tt = (rank * share + tid + q * THREADS) // m3
+                        j = (rank * share + tid + q * THREADS) % m3
+                        total = _ranks_tree(res, tt * m3 + j, cluster)
+                        ssum = _groups_tree(res_sq, TOKENS, phases, tt, cluster > 1)
+                        if t0 + tt < num_tokens:
+                            out[t0 + tt, j] = T.ieee_mul(total, T.rsqrt(T.ieee_add(T.ieee_fdiv(ssum, features), eps)))
+            else:
+                # the split's record: (tile * splits + split) * record floats in
+                base = (T.Cast("int64", bid // tile_blocks) * splits + (bid // cluster) % splits) * record
+                if combine == 0:
+                    # the cluster's subtree sums (its phases' aligned subtree of the 8) and square
+                    # sums, for every token of the tile (rows past the end too: never read into out)
+                    for q in T.unroll((share + THREADS - 1) // THREADS):
+                        if tid + q * THREADS < share:
+                            tt = (rank * share + tid + q * THREADS) // m3
+                            j = (rank * share + tid + q * THREADS) % m3
+                            partials[base + tt * m3 + j] = _ranks_tree(res, tt * m3 + j, cluster)
+                            if j == 0:
+                                partials[base + TOKENS * m3 + tt] = _groups_tree(res_sq, TOKENS, phases, tt, cluster > 1,
+                                                                                 cluster * phases)
+                else:
+                    # the two splits' subtrees meet (the root of the tree): 1 / tile_blocks of the
+                    # tile's outputs per block
+                    first = T.Cast("int64", bid // tile_blocks) * (splits * record)
+                    part = TOKENS * m3 // tile_blocks
+                    for q in T.unroll((part + THREADS - 1) // THREADS):
+                        if tid + q * THREADS < part:
+                            tt = (place * part + tid + q * THREADS) // m3
+                            j = (place * part + tid + q * THREADS) % m3
+                            total = partials[first + tt * m3 + j] + partials[first + record + tt * m3 + j]
+                            ssum = (partials[first + TOKENS * m3 + tt]
+                                    + partials[first + record + TOKENS * m3 + tt])
+                            if t0 + tt < num_tokens:
+                                out[t0 + tt, j] = T.ieee_mul(total, T.rsqrt(T.ieee_add(T.ieee_fdiv(ssum, features), eps)))
             if cluster > 1:
                 cluster_sync()  # no block exits while another may read its res
 

@@ -1,6 +1,8 @@
-"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, tile_tokens); the token count and K =
-mhc_mult * hidden (a multiple of 1024) are run-time values, and the host picks the tile (64 or
-128 tokens) and the cluster size (blocks per tile: 2 or 8 in the shape tables) from the token count and K."""
+"""mhc.mhc_pre_norm_fn: one kernel per (mhc_mult, cluster, tile_tokens, splits); the token count
+and K = mhc_mult * hidden (a multiple of 1024) are run-time values, and the host picks the tile
+(64 or 128 tokens), the cluster size (2 or 8 in the shape tables) and the clusters per tile (1,
+or 2 with the norm weight: two launches, the second adding the clusters' subtree sums from the
+scratch buffer) from the token count and K."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -37,10 +39,16 @@ _SAMPLES = [
     Sample("cluster 2: 2048 tokens, hidden 1280", 2048, _args(1280, False)),
     Sample("cluster 1, partial tile: 8200 tokens, hidden 2560", 8200, _args(2560, False)),
     Sample("16384 tokens, hidden 1280", 16384, _args(1280, False)),
+    # with the norm weight at 132 SMs: 128-token tiles of two clusters of 2 (splits 2) at 4096 x
+    # hidden 7168 (above) and here (4000: a partial last tile); 128-token tiles of one cluster of
+    # 2 at 8192 tokens, of one cluster of 8 at 2048
+    Sample("norm weight, two clusters per tile, partial tile: 4000 tokens, hidden 4096", 4000, _args(4096, True)),
+    Sample("norm weight, 128-token tile: 8192 tokens, hidden 2560", 8192, _args(2560, True)),
+    Sample("norm weight, 128-token tile, cluster 8: 2048 tokens, hidden 1280", 2048, _args(1280, True)),
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult", "cluster", "tile_tokens"),
+    static=("mhc_mult", "cluster", "tile_tokens", "splits"),
     ops=[
         Op(
             module="mhc",
@@ -64,6 +72,10 @@ SCHEMA = Schema(
             # partial sums stay near max|out| for these inputs, so 1e-4 of max|out|.  Dropping W's
             # low part (~1e-3 of max) or any index error (O(1)) is far outside it.
             tolerance={"out": (1e-6, 1e-4)},
+            # the split layout's per-(tile, split) subtree and square sums (host.h outputs)
+            scratch=[Out("partials", dtype="'float32'",
+                         shape="[ceil_div(residual.shape[0], 128) * 256 * (mhc_fn.shape[0] + 1)]")],
+            launches=True,
             doc=("mhc_pre_norm_fn(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps, fuse_grad_acc=True, n_splits=16) "
                  "-> [num_tokens, M3] float32: (x @ W.T) * rsqrt(sum(x**2) / K + eps), x = residual as [num_tokens, K], "
                  "W = tf32(mhc_fn * mhc_norm_weight) (or tf32(mhc_fn)), x @ W.T on tensor cores, sum(x**2) in a fixed lane order (docs/ops.md).  "
