@@ -52,7 +52,7 @@ EXPAND = Op(
         Sample("hidden 576 e4m3, many tokens", 20000, [_x(576, "float8_e4m3fn"), *POSITIONS],
                routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
         # 96 lanes (3 warps) per token, 2 tokens per block and its last warp idle
-        Sample("hidden 6144, 2 tokens per block", 1000, [_x(6144), *POSITIONS],
+        Sample("hidden 6144, 2 tokens per block", 256, [_x(6144), *POSITIONS],
                routing=Routing(num_topk=4, num_experts=16, alignment=8, unrouted=0.2)),
         # a row longer than a block at one vector per lane: the flat index (tokens across blocks)
         Sample("few tokens, flat index", 16, [_x(7168), *POSITIONS], routing=DENSE),
