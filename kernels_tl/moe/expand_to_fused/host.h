@@ -31,17 +31,42 @@ inline bool plan_rows(const char* op, const TensorArg& x, const TensorArg& token
   return true;
 }
 
-// Threads per token row: ceil(row_vecs / v) for the most vectors per thread v (<= the kernel's
-// vectors_per_thread, halving) whose copy still has kSpreadThreads threads, else one vector per
-// thread (few tokens: decode), so the copy's stores spread over every SM rather than a few
-// blocks. The output bits do not depend on it (a copy).
-constexpr int64_t kSpreadThreads = 128 * 768;  // 128 SMs x 768 resident threads
-inline int64_t lanes_per_row(const Plan& p, const Constants& c) {
-  for (int64_t v = c.vectors_per_thread; v > 1; v /= 2) {
-    const int64_t lanes = ceil_div(p.row_vecs, v);
-    if (p.num_tokens * lanes >= kSpreadThreads) return std::max<int64_t>(lanes, 1);
+// The copy's geometry: `lanes` threads per token row, the first `span` threads of each block
+// in use, `blocks` copy blocks.
+struct CopyGeometry {
+  int64_t lanes, span, blocks;
+};
+
+// Lanes for at most v vectors per thread: ceil(row_vecs / v), rounded up to a power of two below
+// a warp and to whole warps above, so no token straddles a warp boundary (a warp holds whole
+// tokens or whole warps of one token: its store instructions cover contiguous bytes of one row
+// each, without the split paths of two tokens' slots). A lane then owns at most v vectors
+// (vectors l, l + lanes, ... below row_vecs).
+inline int64_t warp_lanes(int64_t row_vecs, int64_t v) {
+  const int64_t lanes = ceil_div(row_vecs, v);
+  if (lanes > 32) return align_up(lanes, 32);
+  int64_t pow2 = 1;
+  while (pow2 < lanes) pow2 *= 2;
+  return pow2;
+}
+
+// The most vectors per thread v (<= the kernel's vectors_per_thread, halving) whose copy still
+// has kSpreadBlocks blocks, else one vector per thread. A block takes whole tokens when a row's
+// lanes fit in it (span = tokens per block x lanes, the rest of the block idle), so with few
+// tokens (decode: 128) each token is one block of 224 threads on its own SM (bf16 and e4m3 at
+// hidden 7168: 4 and 2 vectors per thread) rather than pieces of tokens on fewer, fuller blocks;
+// a longer row (more than a block's threads at one vector) runs on the flat index (span =
+// threads). The output bits do not depend on the geometry (a copy).
+constexpr int64_t kSpreadBlocks = 128;  // about one copy block per SM (132 on an H200)
+inline CopyGeometry geometry(const Plan& p, const Constants& c) {
+  CopyGeometry g{};
+  for (int64_t v = c.vectors_per_thread; v >= 1; v /= 2) {
+    g.lanes = warp_lanes(p.row_vecs, v);
+    g.span = g.lanes <= c.threads ? (c.threads / g.lanes) * g.lanes : c.threads;
+    g.blocks = ceil_div(p.num_tokens * g.lanes, g.span);
+    if (g.blocks >= kSpreadBlocks) break;
   }
-  return std::max<int64_t>(p.row_vecs, 1);
+  return g;
 }
 
 inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_rows > 0) && p.row_vecs > 0; }
@@ -49,11 +74,11 @@ inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_row
 inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token_topk_to_pos,
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
-  const int64_t lanes = lanes_per_row(p, c);
+  const CopyGeometry g = geometry(p, c);
   const int64_t pad_blocks = ceil_div(p.num_rows, c.threads);
-  const int64_t copy_blocks = ceil_div(p.num_tokens * lanes, c.threads);
-  // the kernel's flat thread index (block * threads + thread, over both parts) is 32-bit
-  TKA_CHECK((pad_blocks + copy_blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
+  // the kernel's thread indices (block * threads + thread over the padding part, block * span +
+  // thread over the copy) are 32-bit
+  TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
   k.out = out.data;
@@ -63,9 +88,10 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.num_rows = p.num_rows;
   k.num_topk = p.num_topk;
   k.row_vecs = p.row_vecs;
-  k.lanes_per_row = lanes;
+  k.lanes_per_row = g.lanes;
+  k.block_span = g.span;
   k.pad_blocks = pad_blocks;
-  k.num_blocks = pad_blocks + copy_blocks;
+  k.num_blocks = pad_blocks + g.blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;
   k.sf_cols = 0;

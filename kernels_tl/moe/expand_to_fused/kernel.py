@@ -20,18 +20,23 @@ grid has two parts, told apart by the block index (uniform per block):
 * Blocks ``[pad_blocks, num_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
   is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
   whole and that the pointers are 16-byte aligned); lane ``l`` owns vectors ``l, l + lanes,
-  ...`` below ``row_vecs`` (at most ``VPT``: the host's ``lanes_per_row = ceil(row_vecs /
+  ...`` below ``row_vecs`` (at most ``VPT``: the host's ``lanes_per_row >= ceil(row_vecs /
   v)`` with ``v <= VPT``), so each load or store instruction of a warp covers contiguous
-  bytes.  The host takes ``v = VPT`` (128 bytes per thread) for many tokens, and fewer
-  vectors per thread for few tokens (decode) so that the copy spreads over every SM.  A
-  thread loads its vectors, its first ``SFW`` scale-factor words (``lane, lane + lanes,
-  ...``) and its positions ``KC`` at a time (run-time top-k, any size) before the first
-  store, so one memory round trip serves it (top-k <= 8), then stores the vectors and words
-  to each routed row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor
-  and at most 8 vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
+  bytes.  The first ``block_span`` threads of a copy block take consecutive (token, lane)
+  pairs of the flat index ``block * block_span + thread``: the host sets ``block_span`` to
+  whole tokens per block (``tokens_per_block * lanes_per_row``, the other threads idle) when
+  a row's lanes fit in a block, else to ``THREADS``.  The host rounds ``lanes_per_row`` to
+  whole warps (or a power of two below 32), so no token straddles a warp boundary, takes ``v = VPT``
+  (up to 128 bytes per thread) for many tokens, and fewer vectors per thread for few tokens
+  (decode: a token per block) so that the copy spreads over every SM.  A thread loads its
+  vectors, its first ``SFW`` scale-factor words (``lane, lane + lanes, ...``) and its
+  positions ``KC`` at a time (run-time top-k, any size) before the first store, so one
+  memory round trip serves it (top-k <= 8), then stores the vectors and words to each routed
+  row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor and at most 8
+  vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
-  the flat thread index is 32-bit (the host bounds the grid's threads below 2^31).
+  the thread indices are 32-bit (the host bounds the grid's threads below 2^31).
 
 No static configuration: one kernel serves every dtype, hidden size, top-k and
 scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_row``).
@@ -75,6 +80,7 @@ def expand_to_fused_kernel():
         x_sf: T.Tensor[(num_tokens, sf_cols), T.uint32],
         out_sf: T.Tensor[(out_sf_words,), T.uint32],
         lanes_per_row: T.int32,
+        block_span: T.int32,
         pad_blocks: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
@@ -83,6 +89,7 @@ def expand_to_fused_kernel():
         with T.Kernel(num_blocks, threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.assume(lanes_per_row > 0)
+            T.assume(block_span > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
             buf = T.alloc_local((VPT, 4), T.uint32)
@@ -95,6 +102,7 @@ def expand_to_fused_kernel():
             prow = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
+            flat = T.alloc_var(T.int32)
 
             if bid < pad_blocks:
                 # ---- the padding check: a thread per fused row, a warp zeroes its padding rows
@@ -122,9 +130,13 @@ def expand_to_fused_kernel():
                             out_sf[prow * sf_row_stride + (lane + s * 32) * sf_col_stride] = T.uint32(0)
             else:
                 # ---- the copy: a token's row to every fused row it is routed to
-                row = ((bid - pad_blocks) * THREADS + tid) // lanes_per_row
-                lane = ((bid - pad_blocks) * THREADS + tid) - row * lanes_per_row
-                if row < num_tokens:
+                # the block's first `block_span` threads take consecutive lanes of the flat
+                # (token, lane) index: whole tokens per block when the host sets
+                # block_span = tokens_per_block * lanes_per_row, the flat index when THREADS
+                flat = (bid - pad_blocks) * block_span + tid
+                row = flat // lanes_per_row
+                lane = flat - row * lanes_per_row
+                if tid < block_span and row < num_tokens:
                     # every load before the first store (the compiler may not move loads of x
                     # past stores to out): the vectors, the first words, the first positions
                     for j in T.unroll(VPT):

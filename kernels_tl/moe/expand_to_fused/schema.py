@@ -48,9 +48,14 @@ EXPAND = Op(
                routing=Routing(num_topk=9, num_experts=36, alignment=16, unrouted=0.1)),
         Sample("top-1, hidden 576", 2000, [_x(576), *POSITIONS],
                routing=Routing(num_topk=1, num_experts=8, alignment=4)),
-        # 8 vectors per lane with a partial last lane (36 vectors over 5 lanes)
+        # 8 lanes of up to 5 vectors (36 vectors), 4 tokens per warp
         Sample("hidden 576 e4m3, many tokens", 20000, [_x(576, "float8_e4m3fn"), *POSITIONS],
                routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
+        # 96 lanes (3 warps) per token, 2 tokens per block and its last warp idle
+        Sample("hidden 6144, 2 tokens per block", 256, [_x(6144), *POSITIONS],
+               routing=Routing(num_topk=4, num_experts=16, alignment=8, unrouted=0.2)),
+        # a row longer than a block at one vector per lane: the flat index (tokens across blocks)
+        Sample("few tokens, flat index", 16, [_x(7168), *POSITIONS], routing=DENSE),
     ],
     token_dim=None,  # the output's rows are fused rows, not tokens
     doc=("expand_to_fused(x, token_topk_to_pos, pos_to_expert) -> out [num_expanded_tokens, hidden] of x.dtype: "
@@ -89,10 +94,12 @@ EXPAND_WITH_SF = Op(
                routing=Routing(num_topk=8, num_experts=32, alignment=64, unrouted=0.1)),
         Sample("hidden 576, 5 factors, top-9", 1000, [_q(576, 5), 128, *POSITIONS],
                routing=Routing(num_topk=9, num_experts=72, alignment=8, unrouted=0.3)),
-        # 8 vectors per lane with a partial last lane, a factor per lane, column-major
+        # 8 lanes of up to 5 vectors, a factor per lane, 4 tokens per warp, column-major
         Sample("hidden 576, 5 factors, many tokens", 20000, [_q(576, 5), 128, *POSITIONS],
                {"use_tma_aligned_col_major_sf": True},
                routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
+        # 448 lanes of one vector over two blocks (the flat index), the factors on the first 56
+        Sample("few tokens, flat index", 8, [_q(7168, 56), 128, *POSITIONS], routing=DENSE),
     ],
     token_dim=None,  # the outputs' rows are fused rows, not tokens
     doc=("expand_to_fused_with_sf((data, sf), num_per_channels, token_topk_to_pos, pos_to_expert, "
