@@ -20,8 +20,9 @@ shuffles and one shared-memory exchange, and the codes are written from the same
   ``rl, rl + LR, ...``.  With precomputed factors (no tile maximum, so a block need not
   hold a whole tile) the host may give a block ``block_rows`` = ``LR * 4`` or ``LR * 2``
   rows of one row of tiles (a run-time value): small calls then spread over more blocks.
-  A warp covers one or two whole row segments of ``LC`` pieces (256-512 contiguous bytes).  ``LC`` is a multiple of a tile's width in pieces for both
-  ``block_k`` (32 and 128, a run-time value), so a thread's pieces lie in one tile.
+  A warp covers one or two whole row segments of ``LC`` pieces (256-512 contiguous
+  bytes).  ``LC`` is a multiple of a tile's width in pieces for both ``block_k`` (32 and
+  128, a run-time value), so a thread's pieces lie in one tile.
 * Tile maximum: in registers (bf16 on packed pairs), then ``shfl_xor`` over the lanes of
   the warp that share the tile, then each warp's maximum per tile through shared memory.
 * Factors: one thread per tile writes them (fp32 words through the sf tensor's two
