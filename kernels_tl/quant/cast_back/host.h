@@ -80,10 +80,15 @@ void out_spec(const A& a, const Plan& p, OutSpec& s) {
 
 inline bool launch_needed(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
-// Atoms per lane: 8, or fewer when the call is too small to fill the GPU with 8 per lane.
+// Atoms per lane: 8, or 4 when the call is too small to give 2^18 lanes with 8 per lane.  Not
+// fewer than 4: below that a small call's time is per-block and per-thread cost (a decode call of
+// 128 x 7168 at one atom per lane is 448 blocks, 3.4 per SM at the 4 blocks of 64 registers an SM
+// holds, so the next grid's blocks find no room to start early under programmatic dependent
+// launch); at 4 it is 112 blocks of 256 threads, one per SM, 32 elements per thread.
 inline int64_t lanes_per_row(const Plan& p, const Constants& k) {
+  constexpr int64_t kMinAtoms = 4;
   int64_t atoms = k.atoms_per_lane;
-  while (atoms > 1 && p.num_tokens * ceil_div(p.row_atoms, atoms) < (int64_t{1} << 18)) atoms /= 2;
+  while (atoms > kMinAtoms && p.num_tokens * ceil_div(p.row_atoms, atoms) < (int64_t{1} << 18)) atoms /= 2;
   return ceil_div(p.row_atoms, atoms);
 }
 

@@ -70,6 +70,18 @@ inline int64_t log2_of(int64_t n) {
   return s;
 }
 
+// Rows per block: block_m, a whole row of tiles (the tile maximum is taken inside a block).  With
+// given factors (`read_sf`: no maximum) halved, down to 2 rows per row lane, while the halved grid
+// still has at most one block per SM (132 on the H200): a decode call of 128 x 7168 bf16 with
+// 128 x 128 tiles is then 112 blocks of 4 pieces per thread rather than 56 of 8, half the serial
+// loads and stores per thread and twice the SMs issuing them.  Larger calls keep block_m.
+inline int64_t block_rows(const Plan& p, const Constants& c, int64_t col_tiles, bool read_sf) {
+  constexpr int64_t kOneWave = 132;
+  int64_t rows = p.block_m;
+  while (read_sf && rows > 2 * c.row_lanes && ceil_div(p.num_tokens, rows / 2) * col_tiles <= kOneWave) rows /= 2;
+  return rows;
+}
+
 // The kernel's parameters: `out` (nullptr: not written), and the factors `sf` it writes or,
 // with `read_sf`, reads, at `sf_row_stride` / `sf_col_stride` (32-bit words).
 template <typename A>
@@ -77,7 +89,8 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
                int64_t sf_row_stride, int64_t sf_col_stride, bool read_sf) {
   const int64_t row_pieces = p.hidden / p.piece;
   const int64_t col_tiles = ceil_div(row_pieces, c.block_pieces);
-  TKA_CHECK(p.rows * col_tiles <= 2147483647, "x", "is too large for one launch");
+  const int64_t rows_per_block = block_rows(p, c, col_tiles, read_sf);
+  TKA_CHECK(ceil_div(p.num_tokens, rows_per_block) * col_tiles <= 2147483647, "x", "is too large for one launch");
   TKA_CHECK(sf_row_stride * p.rows + sf_col_stride * p.sf_cols <= 2147483647, "out_sf", "is too large (32-bit offsets)");
   k.x = a.x.data;
   k.out = out;
@@ -93,6 +106,7 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
   k.packed_sf = a.use_packed_ue8m0 ? 1 : 0;
   k.write_out = out != nullptr;
   k.read_sf = read_sf;
+  k.block_rows = rows_per_block;
   return true;
 }
 

@@ -17,9 +17,12 @@ shuffles and one shared-memory exchange, and the codes are written from the same
 * A *piece* is 16 bytes of x (8 bf16 or 4 fp32), one ``LDG.128``.
 * A block (CTA) covers ``block_m`` rows (one row of tiles) by ``LC`` pieces: ``LC``
   column lanes by ``LR`` row lanes, each thread ``RPT`` pieces of one column, rows
-  ``rl, rl + LR, ...``.  A warp covers one or two whole row segments of ``LC`` pieces
-  (256-512 contiguous bytes).  ``LC`` is a multiple of a tile's width in pieces for both
-  ``block_k`` (32 and 128, a run-time value), so a thread's pieces lie in one tile.
+  ``rl, rl + LR, ...``.  With precomputed factors (no tile maximum, so a block need not
+  hold a whole tile) the host may give a block ``block_rows`` = ``LR * 4`` or ``LR * 2``
+  rows of one row of tiles (a run-time value): small calls then spread over more blocks.
+  A warp covers one or two whole row segments of ``LC`` pieces (256-512 contiguous
+  bytes).  ``LC`` is a multiple of a tile's width in pieces for both ``block_k`` (32 and
+  128, a run-time value), so a thread's pieces lie in one tile.
 * Tile maximum: in registers (bf16 on packed pairs), then ``shfl_xor`` over the lanes of
   the warp that share the tile, then each warp's maximum per tile through shared memory.
 * Factors: one thread per tile writes them (fp32 words through the sf tensor's two
@@ -121,8 +124,11 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
         packed_sf: T.int32,
         write_out: T.int32,
         read_sf: T.int32,
+        # rows a block covers: block_m, or with read_sf (no tile maximum) LR * 4 or LR * 2 so
+        # that a small call spreads over more blocks (each thread RPT, 4 or 2 pieces)
+        block_rows: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, block_m) * col_tiles, threads=threads) as bid:
+        with T.Kernel(T.ceildiv(num_tokens, block_rows) * col_tiles, threads=threads) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             T.assume(col_tiles > 0)
@@ -140,16 +146,24 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
             warp_max = T.alloc_shared((num_warps * max_tiles,), T.float32, scope="shared")
 
             # Every index below derives from these, computed once (registers, not re-derived per
-            # access): one 32-bit division per block, 64-bit piece offsets into x and out.
+            # access): one 32-bit division per block, 64-bit piece offsets into x and out.  The
+            # block's rows are [row0, row0 + block_rows), inside one row of tiles (block_rows
+            # divides block_m); row0 < num_tokens < 2^31 - 256 (host), so int32 holds it.
+            row_block = T.alloc_var(T.int32)
+            row0 = T.alloc_var(T.int32)
             tile_row = T.alloc_var(T.int32)
             col = T.alloc_var(T.int32)
             rows_left = T.alloc_var(T.int32)
             base = T.alloc_var(T.int64)
             step = T.alloc_var(T.int64)
-            tile_row = bid // col_tiles
-            col = (bid - tile_row * col_tiles) * LC + tid % LC  # piece column
-            rows_left = num_tokens - (tile_row * block_m + tid // LC)  # row i valid iff i * LR < rows_left
-            base = T.Cast("int64", tile_row * block_m + tid // LC) * T.Cast("int64", row_pieces) + T.Cast("int64", col)
+            row_block = bid // col_tiles
+            row0 = row_block * block_rows
+            tile_row = row0 // block_m  # block_m a power of two: a shift
+            col = (bid - row_block * col_tiles) * LC + tid % LC  # piece column
+            # row i of this thread (row0 + tid // LC + i * LR) is valid iff i * LR < rows_left:
+            # below num_tokens and inside the block's rows (i < block_rows / LR)
+            rows_left = T.min(num_tokens - row0, block_rows) - tid // LC
+            base = T.Cast("int64", row0 + tid // LC) * T.Cast("int64", row_pieces) + T.Cast("int64", col)
             step = T.Cast("int64", row_pieces) * LR  # pieces between a thread's rows
             c = tid % LC
             rl = tid // LC
@@ -239,6 +253,6 @@ def per_block_cast_kernel(in_dtype: str, fmt: str, block_m: int):
 
 def host_constants(in_dtype: str, fmt: str, block_m: int) -> dict:
     """Pieces per block row (``LC``), for the host's grid: ceil(row_pieces / LC) blocks per
-    row of tiles."""
-    lc, _, _ = layout(in_dtype, block_m)
-    return {"block_pieces": lc}
+    row of block_rows rows; row lanes (``LR``), the unit of block_rows below block_m."""
+    lc, lr, _ = layout(in_dtype, block_m)
+    return {"block_pieces": lc, "row_lanes": lr}

@@ -102,6 +102,9 @@ SCHEMA = Schema(
                 Sample("upstream: 32x32", 8001, [X, "e4m3", (32, 32), _given(7168, (32, 32))]),
                 Sample("fp32 to e2m1, 128x32, partial tiles", 300,
                        [Randn(["T", 576], "float32"), "e2m1", (128, 32), _given(576, (128, 32))]),
+                # a small call: blocks of 8 rows (2 per row lane), the last one partial
+                Sample("32x32, 77 tokens", 77,
+                       [Randn(["T", 1024], "bfloat16"), "e4m3", (32, 32), _given(1024, (32, 32))]),
             ],
             dims=DIMS,
             token_dim=None,  # a factor spans block_size[0] rows: rows are not independent
