@@ -9,9 +9,7 @@ struct Plan {
   int64_t num_tokens, hidden;  // x is [num_tokens, 2 * hidden]
   int64_t num_sf;              // scale factors per row
   int64_t sf_cols;             // columns of out_sf (packed UE8M0: words of 4 factors)
-  int64_t sms;                 // the device's SMs (the counted kernel's sum launch), else 0
-  int64_t columns;             // groups of 4 scale groups per row (a warp's 512 channels)
-  bool counted;                // the clamp-counting kernel (plain = 2): two launches
+  int64_t sms;                 // the device's SMs (the counted kernel's grid), else 0
 };
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
@@ -42,9 +40,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   // in groups of 128: the kernel whose grid is the resident blocks (plain = 2)
   c.plain = (a.pos_to_token_topk.present || a.pos_to_expert.present || !a.swiglu_clamp_value_is_none) ? 0 : 1;
   p.sms = 0;
-  p.columns = ceil_div(p.hidden / 128, 4);
-  p.counted = a.clamped_count.present && npc == 128 && a.x.dtype == BF16;
-  if (p.counted) {
+  if (a.clamped_count.present && npc == 128 && a.x.dtype == BF16) {
     c.plain = 2;
     p.sms = plan_sm_count(op, a.x.device);
     if (p.sms < 0) return false;  // the device query failed (error set)
@@ -57,8 +53,6 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
 inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
   dense_output(s.out, E4M3, {p.num_tokens, p.hidden});
   const DType sf_dtype = a.use_packed_ue8m0 ? I32 : F32;
-  // the counted kernel's scratch: one word of packed counts per row and column (launch 0 -> 1)
-  dense_output(s.row_counts, I32, {p.counted ? p.num_tokens * p.columns : 0});
   if (!a.use_tma_aligned_col_major_sf) return dense_output(s.out_sf, sf_dtype, {p.num_tokens, p.sf_cols});
   const int64_t token_stride = align_up(p.num_tokens, 4);
   strided_output(s.out_sf, sf_dtype, {p.num_tokens, p.sf_cols}, {1, token_stride}, p.sf_cols * token_stride);
@@ -66,11 +60,7 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
-// the counted kernel: launch 0 the rows, launch 1 the sum of their counts; otherwise one launch
-inline int64_t launches(const Plan& p) { return p.counted ? 2 : 1; }
-
-inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k,
-                        int64_t launch) {
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
   k.x = a.x.data;
   k.out = o.out.data;
   k.out_sf = o.out_sf.data;
@@ -87,25 +77,11 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.num_tokens = p.num_tokens;
   k.hidden_blocks = p.hidden / 128;
   k.sf_stride = o.out_sf.stride[1];  // column-major formats: the token stride of a group
-  // counted kernel: launch 0 is the group kernel's grid (one row per warp); launch 1 sums the
-  // row_counts words, SUM_WORDS_PER_STEP independent loads per thread and step, in at most 4
-  // blocks per SM (3 atomics each)
-  k.row_counts = o.row_counts.data;
-  k.launch_index = launch;
+  // counted kernel: row blocks per grid column, so that the grid is at most the blocks
+  // resident at once (each block walks its row blocks, then adds its counts once)
   const int64_t row_blocks = ceil_div(p.num_tokens, c.rows_per_block);
-  if (launch == 0) {
-    k.grid_x = p.columns;
-    k.grid_y = std::min<int64_t>(row_blocks, c.max_grid_y);
-    k.grid_z = ceil_div(row_blocks, c.max_grid_y);
-    k.sum_steps = 0;
-  } else {
-    const int64_t words = p.num_tokens * p.columns;
-    const int64_t per_step = c.threads * c.sum_words_per_step;
-    k.grid_x = std::max<int64_t>(1, std::min(ceil_div(words, per_step), 4 * p.sms));
-    k.grid_y = 1;
-    k.grid_z = 1;
-    k.sum_steps = ceil_div(words, per_step * k.grid_x);
-  }
+  const int64_t columns = ceil_div(p.hidden / 128, 4);
+  k.row_grid = std::max<int64_t>(1, std::min(row_blocks, p.sms * c.counted_blocks_per_sm / columns));
   return true;
 }
 

@@ -48,14 +48,14 @@ One group per row (``max_row_hidden > 0``, row-major fp32 sf only): one
 256-thread block per row, the row's 16-byte chunks in registers, all loads
 first, then a block max.
 
-Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): two
-launches.  The first is the group kernel's grid and lanes (one row per warp, no walk);
-each warp writes its row piece's three counts packed in one word (one ``redux.sync``)
-to a scratch buffer, no atomic.  The second sums the words and adds them to
-``clamped_count`` (3 atomics per block, at most 4 blocks per SM).  A row costs as few
-instructions as it can: counts are bf16x2 compare masks summed and decoded by one
-``dp2a`` per counter, a finite positive-bf16 clamp runs on the packed pairs with a
-divide that skips the infinity check, and the group's factor divides ``a / 448`` once.
+Counted clamps of bf16 in groups of 128 (``plain = 2``, ``_counted_kernel``): the
+same lanes in a grid of at most the resident blocks (12 of 4 warps per SM, 40
+registers), each walking row blocks and adding its counts once (3 atomics per block
+instead of per 4 rows).  The kernel is issue-bound at MoE sizes, so a row costs as
+few instructions as it can: the next row's ``pos_to_expert`` is read one row early,
+counts are bf16x2 compare masks summed and decoded by one ``dp2a`` per counter and
+row, a finite positive-bf16 clamp runs on the packed pairs with a divide that skips
+the infinity check, and the group's factor divides ``a / 448`` once.
 
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
 {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
@@ -96,17 +96,15 @@ PREFETCH_MAX_LANES = 65536
 REGISTER_CAP = {("bfloat16", "sm_90a"): 32, ("bfloat16", "sm_90a", "ue8m0_col"): 40}
 REGISTER_CAP_DEFAULT = {"bfloat16": 48, "float32": 64}
 ROW_THREADS = 256  # per-row mode: one row per block
-# Counted kernel (``plain = 2``): the group kernel's blocks of ROWS_PER_BLOCK warps, this many
-# per SM (40 registers, 48 warps per SM as the group kernel's packed UE8M0 config).
+# Counted kernel (``plain = 2``): blocks of ROWS_PER_BLOCK warps, this many per SM (40
+# registers, 48 warps per SM as the group kernel's packed UE8M0 config), a grid of at most that
+# many blocks per SM (the host sizes it, see host.h), so a launch makes 3 clamp-count atomics
+# per resident block instead of 3 per 4 rows.
 COUNTED_BLOCKS_PER_SM = 12
 # A row's sum of eight bf16x2 compare masks starts here, so that its low half never borrows
 # (it holds COUNT_BIAS - A for A <= 8 true low halves); see count_row.
 COUNT_BIAS = 0x4000
 COUNT_DECODE = 0xFFFE  # dp2a bytes (-2, -1): -2 * low - high = A + B - 2 * COUNT_BIAS
-SUM_WORDS_PER_STEP = 4  # launch 1 of the counted kernel: independent loads per thread and step
-# A warp's counts of one row piece packed in one word: three fields of 10 bits (at most 512 each)
-COUNT_FIELD_BITS = 10
-COUNT_FIELD_MASK = (1 << COUNT_FIELD_BITS) - 1
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
@@ -154,7 +152,6 @@ COUNTED_SOURCE = DEVICE_SOURCE + r"""
 __device__ __forceinline__ unsigned tka_dp2a_lo(unsigned a, unsigned b, unsigned c) {
   unsigned d; asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
-__device__ __forceinline__ unsigned tka_redux_add(unsigned v) { return __reduce_add_sync(0xFFFFFFFFu, v); }
 """
 
 
@@ -310,23 +307,25 @@ def _mask_sum(words, num_words, compare, bound):
     return total
 
 
-def count_word(xl, xr, num_words, c_floor):
-    """One lane's clamp counts of one row as a packed word: ``l > c`` in bits 0-9, ``r > c``
-    in bits 10-19, ``r < -c`` in bits 20-29 (each at most 2 * ``num_words`` <= 16).
+@T.macro
+def count_row(xl, xr, num_words, c_floor, counts):
+    """Add one row's clamp counts (``l > c``, ``r > c``, ``r < -c`` over ``num_words`` packed
+    pairs, at most 8) to ``counts``, each less ``2 * COUNT_BIAS``.
 
     ``c_floor`` is ``c`` rounded down to bf16 in both halves, so the bf16x2 compares decide
     the float32 comparisons with ``c`` exactly; NaN compares false.  A true low half adds
     0xFFFF = 2^16 - 1 and a true high half 0xFFFF0000 = -2^16 (mod 2^32), so the sum is
     ``2^16 (A - B) + COUNT_BIAS - A`` for A true low and B true high halves: its low half is
     ``COUNT_BIAS - A`` (no borrow, A <= 8) and its high half ``A - B`` (signed, |A - B| <= 8),
-    and ``dp2a`` with bytes (-2, -1) from ``2 * COUNT_BIAS`` gives
-    ``2 * COUNT_BIAS - 2 (COUNT_BIAS - A) - (A - B) = A + B``.  Needs COUNTED_SOURCE imported."""
-    def count(words, compare, bound):
-        return T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(words, num_words, compare, bound),
-                             T.uint32(COUNT_DECODE), T.uint32(2 * COUNT_BIAS))
-    return (count(xl, "tka_bf16x2_gt", c_floor)
-            + (count(xr, "tka_bf16x2_gt", c_floor) << T.uint32(COUNT_FIELD_BITS))
-            + (count(xr, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS)) << T.uint32(2 * COUNT_FIELD_BITS)))
+    and ``dp2a`` with bytes (-2, -1) adds ``-2 (COUNT_BIAS - A) - (A - B) = A + B - 2 * COUNT_BIAS``.
+    Needs COUNTED_SOURCE imported."""
+    counts[0] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xl, num_words, "tka_bf16x2_gt", c_floor),
+                              T.uint32(COUNT_DECODE), counts[0])
+    counts[1] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xr, num_words, "tka_bf16x2_gt", c_floor),
+                              T.uint32(COUNT_DECODE), counts[1])
+    counts[2] = T.call_extern(T.uint32, "tka_dp2a_lo",
+                              _mask_sum(xr, num_words, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS)),
+                              T.uint32(COUNT_DECODE), counts[2])
 
 
 @T.macro
@@ -374,18 +373,9 @@ def store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, lane2, num_tokens, num_chu
                 out_sf[chunk // LANES_PER_GROUP, row2] = sf
 
 
-def _store_row(t2):
-    """The row of thread ``t2`` in the group layout, from the block indices read again
-    (volatile reads, see DEVICE_SOURCE)."""
-    return ((T.call_extern(T.int32, "tka_ctaid_z") * MAX_GRID_Y + T.call_extern(T.int32, "tka_ctaid_y"))
-            * ROWS_PER_BLOCK + t2 // WARP)
-
-
 def host_constants(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int) -> dict:
-    """The counted kernel's launches: rows per block and the row blocks of a grid column
-    (launch 0), threads per block and words per thread and step (launch 1)."""
-    return {"rows_per_block": ROWS_PER_BLOCK, "max_grid_y": MAX_GRID_Y, "threads": ROWS_PER_BLOCK * WARP,
-            "sum_words_per_step": SUM_WORDS_PER_STEP}
+    """Blocks per SM of the counted kernel: the host sizes its grid to the resident blocks."""
+    return {"rows_per_block": ROWS_PER_BLOCK, "counted_blocks_per_sm": COUNTED_BLOCKS_PER_SM}
 
 
 def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int):
@@ -671,34 +661,36 @@ def _rounds(sf_format, finite, round_sf):
 
 
 def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape, sf_dtype):
-    """The clamp-counting kernel (``plain = 2``; bf16, groups of 128), launched twice per call.
+    """The clamp-counting kernel (``plain = 2``; bf16, groups of 128).
 
-    Launch 0 (``launch_index == 0``) is the group kernel's grid and lanes: one row per warp, 4 rows
-    per block, no walk.  Each warp writes its row piece's three counts, packed into one word
-    (``l > c`` in bits 0-9, ``r > c`` in 10-19, ``r < -c`` in 20-29; at most 512 each), to the
-    scratch ``row_counts[row * columns + bx]``: one warp reduction (``redux.sync``), no atomic.
-    Launch 1 (``launch_index == 1``, a grid of ``grid_x`` blocks) waits for launch 0 (programmatic
-    dependent launch), sums the words and adds the totals to ``clamped_count``: 3 atomics per
-    block.  Per row, as few instructions as possible:
+    The lane layout and the math of ``_group_body``, in a grid of ``row_grid`` row blocks per
+    grid column (at most ``COUNTED_BLOCKS_PER_SM`` blocks per SM, sized by the host): warp
+    ``k`` of block ``by`` takes rows ``r = 4 * by + k``, ``r + step``, ``r + 2 * step``, ...
+    (``step = 4 * row_grid``) and the block adds its counts to ``clamped_count`` once at the
+    end (one block reduction, 3 atomics).  The kernel is issue-bound at MoE sizes (hidden
+    1024: about 600 warp instructions per 2 KB row piece), so a row costs as few
+    instructions as it can:
 
+    * the next row's ``pos_to_expert`` and ``pos_to_token_topk`` are read while this row is
+      computed (raw values, tested at the end of the row), so nothing dependent stands
+      before a row's loads;
     * counts on the raw bf16 pairs: ``set.{gt,lt}.u32.bf16x2`` against ``c`` rounded down
       to bf16 (exact for bf16 values) gives a mask of 0xFFFF per true half; a row's eight
       masks summed from ``COUNT_BIAS`` hold ``2^16 (A - B) + COUNT_BIAS - A`` (A, B: true
-      low and high halves, at most 8 each), and one ``dp2a`` with bytes (-2, -1) from
-      ``2 * COUNT_BIAS`` gives ``A + B`` (``count_word``);
+      low and high halves, at most 8 each), and one ``dp2a`` with bytes (-2, -1) adds
+      ``A + B - 2 * COUNT_BIAS`` to the lane's counter (``count_row``);
     * a clamp value that is a finite positive bf16 (0.5, 10, ...) clamps the packed pairs
       with ``min.NaN`` / ``max.NaN.bf16x2`` (equal to the selects there) and runs the
-      unclamped loop with ``fast_quotient(..., finite=True)`` (the clamped gates cannot be
-      infinite); any other value the selects of ``swiglu_values``;
+      unclamped loop with ``fast_quotient(..., finite=True)`` (the clamped gates cannot be infinite); any
+      other value the selects of ``swiglu_values``;
     * the group's factor divides ``a / 448`` once (``scale_factor`` as an expression tree
       is divided again by each of its uses).
     """
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP
-    columns = T.ceildiv(hidden_blocks, GROUPS_PER_WARP)  # grid columns of launch 0
+    num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
     V = LANE_CHANNELS
     W = V // 2  # bf16 pairs per lane and half
-    threads = ROWS_PER_BLOCK * WARP
 
     @T.macro
     def loop(xl, xr, v, w, has_weights, mode, c, counts, tmp, fast):
@@ -716,20 +708,15 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
         topk_weights: T.Tensor((num_weights,), T.float32),
         pos_to_expert: T.Tensor((num_tokens,), T.int32),
         clamped_count: T.Tensor((3,), T.int64),
-        row_counts: T.Tensor((num_tokens * columns,), T.int32),  # scratch: launch 0 -> launch 1
         has_weights: T.int32,
         has_pos_to_expert: T.int32,
         swiglu_clamp_value: T.float32,
         round_sf: T.int32,
         sf_clamp_min: T.float32,
-        launch_index: T.int32,  # 0: the rows; 1: the sum of the counts
-        grid_x: T.int32,  # launch 0: columns; launch 1: blocks
-        grid_y: T.int32,  # launch 0: min(row blocks, MAX_GRID_Y); launch 1: 1
-        grid_z: T.int32,  # launch 0: ceil(row blocks / MAX_GRID_Y); launch 1: 1
-        sum_steps: T.int32,  # launch 1: steps of 4 words per thread
+        row_grid: T.int32,  # row blocks per grid column, 1 <= row_grid <= ceil(num_tokens / 4)
     ):
-        with T.Kernel(grid_x, grid_y, grid_z, threads=threads) as (bx, by, bz):
-            wait_for_previous_grid()  # programmatic dependent launch (launch 1: waits for launch 0)
+        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), row_grid, threads=ROWS_PER_BLOCK * WARP) as (bx, by):
+            wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(COUNTED_BLOCKS_PER_SM)
             T.import_source(COUNTED_SOURCE)
             tid = T.get_thread_binding()
@@ -740,110 +727,116 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
             xr = T.alloc_local((W,), T.uint32)
             v = T.alloc_local((V,), T.float32)
             q = T.alloc_local((V,), T.float8_e4m3fn)
-            counts = T.alloc_local((3,), T.int32)  # launch 1: the thread's sums
+            # the lane's counters (l > c, r > c, r < -c), each less 2 * COUNT_BIAS per row step
+            counts = T.alloc_local((3,), T.uint32)
+            totals = T.alloc_local((3,), T.int32)  # the lane's final counts
             tmp = T.alloc_local((4,), T.float32)  # the quotients' temporaries
             count_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
+            rb = T.alloc_var(T.int32)  # this step's row block
             row = T.alloc_var(T.int32)
             src = T.alloc_var(T.int32)
-            expert = T.alloc_var(T.int32)  # the row's pos_to_expert (0 without)
+            cur = T.alloc_var(T.bool)  # this row is kept
+            next_expert = T.alloc_var(T.int32)  # the next row's pos_to_expert (0 without; -1 past the end)
             pos = T.alloc_var(T.int32)
             w = T.alloc_var(T.float32)
             c_floor = T.alloc_var(T.uint32)
             packed_clamp = T.alloc_var(T.bool)
-            word = T.alloc_var(T.uint32)  # the lane's packed counts
             amax = T.alloc_var(T.float32)
             sf_q = T.alloc_var(T.float32)  # a / 448
             sf = T.alloc_var(T.float32)
             sf_inv = T.alloc_var(T.float32)
             sf_exp = T.alloc_var(T.uint32)
-            idx = T.alloc_var(T.int64)
-            packed = T.alloc_var(T.uint32)
+            for j in T.unroll(3):
+                counts[j] = T.uint32(0)
+            c_floor = T.call_extern(T.uint32, "tka_bf16x2_floor", swiglu_clamp_value)
+            # c a finite positive bf16 value: the clamps are bf16x2 min/max on the packed words
+            # (then c_floor holds c itself) and the clamped gates are finite
+            packed_clamp = T.And(is_positive_bf16(swiglu_clamp_value),
+                                 swiglu_clamp_value < T.float32(float("inf")))
 
-            if launch_index == 0:
-                row = (bz * MAX_GRID_Y + by) * ROWS_PER_BLOCK + tid // WARP
-                if row < num_tokens:  # warp-uniform
-                    expert = 0
+            # the first row's keep flag
+            row = by * ROWS_PER_BLOCK + tid // WARP
+            cur = row < num_tokens
+            if has_pos_to_expert != 0 and cur:
+                cur = pos_to_expert[row] >= 0
+
+            # The same step count for every block (kernel parameters only): a block past the
+            # last row block in its final step stores nothing.  Every step subtracts
+            # 2 * COUNT_BIAS from each counter (count_row, or the skipped-row branch).
+            rb = by
+            while rb < num_row_blocks:
+                row = rb * ROWS_PER_BLOCK + tid // WARP
+                # the next row's pos_to_expert, tested at the end of this row (its latency hides
+                # behind the row); rows past the end are not kept
+                next_expert = -1
+                if row < num_tokens - row_grid * ROWS_PER_BLOCK:
+                    next_expert = 0
                     if has_pos_to_expert != 0:
-                        expert = pos_to_expert[row]
-                    # the loads do not wait for the flag (a skipped row's inputs are read and
-                    # not used); lanes past the row read its last chunk again (counted as 0)
+                        next_expert = pos_to_expert[row + row_grid * ROWS_PER_BLOCK]
+                if cur:  # warp-uniform
+                    # lanes past the row read its last chunk again (their counts are dropped)
                     src = T.min(bx * WARP + lane, num_chunks - 1)
                     for i in T.vectorized(W):
                         xl[i] = x[row, src * W + i]
                     for i in T.vectorized(W):
                         xr[i] = x[row, hidden // 2 + src * W + i]
-                    c_floor = T.call_extern(T.uint32, "tka_bf16x2_floor", swiglu_clamp_value)
-                    # c a finite positive bf16 value: the clamps are bf16x2 min/max on the packed
-                    # words (then c_floor holds c itself) and the clamped gates are finite
-                    packed_clamp = T.And(is_positive_bf16(swiglu_clamp_value),
-                                         swiglu_clamp_value < T.float32(float("inf")))
-                    word = T.uint32(0)
-                    if expert >= 0:  # warp-uniform
-                        w = T.float32(1.0)
-                        if has_weights != 0:
-                            pos = pos_to_token_topk[row]
-                            w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
-                        word = T.if_then_else(bx * WARP + lane < num_chunks, count_word(xl, xr, W, c_floor),
-                                              T.uint32(0))
-                        # gates raised to -88.5 (NaN kept): the fast divide is exact for all of them
-                        for p in T.unroll(W):
-                            xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
-                        if packed_clamp:  # uniform
-                            clamp_pairs(xl, xr, W, c_floor)
-                            loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, FAST_FINITE)
-                        elif swiglu_clamp_value > -FAST_DIV_LIMIT:  # a clamp only lowers l
-                            loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, True)
-                        else:
-                            loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, False)
+                    w = T.float32(1.0)
+                    if has_weights != 0:
+                        pos = pos_to_token_topk[row]
+                        w = T.if_then_else(pos >= 0, topk_weights[T.max(pos, 0)], T.float32(0.0))
+                    count_row(xl, xr, W, c_floor, counts)
+                    # gates raised to -88.5 (NaN kept): the fast divide is exact for all of them
+                    for p in T.unroll(W):
+                        xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
+                    if packed_clamp:  # uniform
+                        clamp_pairs(xl, xr, W, c_floor)
+                        loop(xl, xr, v, w, has_weights, CLAMP_NONE, swiglu_clamp_value, counts, tmp, FAST_FINITE)
+                    elif swiglu_clamp_value > -FAST_DIV_LIMIT:  # a clamp only lowers l
+                        loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, True)
+                    else:
+                        loop(xl, xr, v, w, has_weights, CLAMP, swiglu_clamp_value, counts, tmp, False)
 
-                        amax = T.float32(0.0)
-                        for i in T.unroll(V):
-                            amax = max_nan(amax, T.abs(v[i]))
-                        for s in T.unroll(3):  # the group's 8 lanes
-                            amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
-                        # scale_factor's rules with a / 448 divided once: a = max(amax, sf_clamp_min),
-                        # sf = a / 448 and sf_inv = 448 / a, or rounded up to 2^(e - 127) and
-                        # 2^(127 - e) (e the biased exponent of the rounded a / 448) where a / 448 is
-                        # finite (UE8M0 byte 0xFF and the unrounded factors otherwise)
-                        amax = max_nan(amax, sf_clamp_min)
-                        sf_q = T.ieee_fdiv(amax, T.float32(FP8_MAX))
-                        sf_exp = T.if_then_else(_is_finite(sf_q), (T.reinterpret(sf_q, T.uint32) + T.uint32(0x7FFFFF))
-                                                >> T.uint32(23), T.uint32(0xFF))
-                        if _rounds(sf_format, _is_finite(sf_q), round_sf):
-                            sf = T.reinterpret(sf_exp << T.uint32(23), T.float32)
-                            sf_inv = T.reinterpret((T.uint32(254) - sf_exp) << T.uint32(23), T.float32)
-                        else:
-                            sf = sf_q
-                            sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), amax)
-                        for i in T.vectorized(V):
-                            q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
-                    else:  # skipped: zero codes and factors, nothing counted
-                        for i in T.vectorized(V):
-                            q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
-                        sf = T.float32(0.0)
-                        sf_exp = T.uint32(0)
-                    # the stores' indices again (volatile reads): none stays live across the math
-                    t2 = T.call_extern(T.int32, "tka_tid_x")
-                    bx2 = T.call_extern(T.int32, "tka_ctaid_x")
-                    row2 = _store_row(t2)
-                    store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, t2 % WARP, num_tokens, num_chunks, sf_format)
-                    # the warp's three counts (each at most 512: no carry between the fields)
-                    word = T.call_extern(T.uint32, "tka_redux_add", word)
-                    if t2 % WARP == 0:
-                        # (T x columns words: below 2^31 for any input below 2^40 elements)
-                        row_counts[row2 * columns + bx2] = T.reinterpret(word, T.int32)
-            else:
-                # words bx * 128 + tid + k * 128 * grid_x, k = 0, 1, ...: four independent loads per step
-                for j in T.unroll(3):
-                    counts[j] = 0
-                for step in T.serial(sum_steps):
-                    for k in T.unroll(SUM_WORDS_PER_STEP):
-                        idx = (T.Cast(T.int64, step * SUM_WORDS_PER_STEP + k) * grid_x + bx) * threads + tid
-                        if idx < T.Cast(T.int64, num_tokens) * columns:
-                            packed = T.reinterpret(row_counts[idx], T.uint32)
-                            counts[0] += T.Cast(T.int32, packed & T.uint32(COUNT_FIELD_MASK))
-                            counts[1] += T.Cast(T.int32, (packed >> T.uint32(COUNT_FIELD_BITS)) & T.uint32(COUNT_FIELD_MASK))
-                            counts[2] += T.Cast(T.int32, packed >> T.uint32(2 * COUNT_FIELD_BITS))
-                flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
+                    amax = T.float32(0.0)
+                    for i in T.unroll(V):
+                        amax = max_nan(amax, T.abs(v[i]))
+                    for s in T.unroll(3):  # the group's 8 lanes
+                        amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
+                    # scale_factor's rules with a / 448 divided once: a = max(amax, sf_clamp_min),
+                    # sf = a / 448 and sf_inv = 448 / a, or rounded up to 2^(e - 127) and
+                    # 2^(127 - e) (e the biased exponent of the rounded a / 448) where a / 448 is
+                    # finite (UE8M0 byte 0xFF and the unrounded factors otherwise)
+                    amax = max_nan(amax, sf_clamp_min)
+                    sf_q = T.ieee_fdiv(amax, T.float32(FP8_MAX))
+                    sf_exp = T.if_then_else(_is_finite(sf_q), (T.reinterpret(sf_q, T.uint32) + T.uint32(0x7FFFFF))
+                                            >> T.uint32(23), T.uint32(0xFF))
+                    if _rounds(sf_format, _is_finite(sf_q), round_sf):
+                        sf = T.reinterpret(sf_exp << T.uint32(23), T.float32)
+                        sf_inv = T.reinterpret((T.uint32(254) - sf_exp) << T.uint32(23), T.float32)
+                    else:
+                        sf = sf_q
+                        sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), amax)
+                    for i in T.vectorized(V):
+                        q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
+                else:  # skipped or past the end: zeros
+                    for j in T.unroll(3):
+                        counts[j] = counts[j] - T.uint32(2 * COUNT_BIAS)
+                    sf = T.float32(0.0)
+                    sf_exp = T.uint32(0)
+                    for i in T.vectorized(V):
+                        q[i] = T.Cast(T.float8_e4m3fn, T.float32(0.0))
+                # the row again from the loop index and the special registers (volatile reads),
+                # so that no index stays live across the math
+                row = rb * ROWS_PER_BLOCK + T.call_extern(T.int32, "tka_tid_x") // WARP
+                store_lane(out, out_sf, q, sf, sf_exp, row, bx, lane, num_tokens, num_chunks, sf_format)
+                cur = next_expert >= 0
+                rb = rb + row_grid
+
+            # lanes past the row count nothing
+            for j in T.unroll(3):
+                totals[j] = T.if_then_else(
+                    bx * WARP + lane < num_chunks,
+                    T.Cast(T.int32, counts[j] + T.Cast(T.uint32, T.ceildiv(num_row_blocks - by, row_grid))
+                           * T.uint32(2 * COUNT_BIAS)), 0)
+            flush_counts(totals, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
 
     return swiglu_forward_and_per_token_cast

@@ -1,8 +1,7 @@
 """quant.swiglu_forward_and_per_token_cast: one kernel per (input dtype, scale-factor format,
 row mode, plain); the token count, hidden size and the options' values are run-time values.
 ``plain`` configs have the option flags compiled out: calls without optional inputs run them;
-``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), launched twice (the rows, then
-the sum of their counts through the scratch ``row_counts``), see kernel.py."""
+``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), see kernel.py."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Routed, Routing, Sample, Schema, Str, Tensor
 
@@ -55,12 +54,6 @@ SCHEMA = Schema(
                   Out("out_sf", dtype="'int32' if use_packed_ue8m0 else 'float32'", shape="[T, sf_cols]",
                       strides="[1, align_up(T, 4)] if use_tma_aligned_col_major_sf else None")],
             returns=["out", "out_sf"],
-            # the counted kernel (plain = 2; bf16, groups of 128, clamped_count given): a warp's
-            # packed counts per row and 512 channels, written by launch 0 and summed by launch 1
-            scratch=[Out("row_counts", dtype="'int32'",
-                         shape=("[T * ceil_div(hidden // 128, 4)] if clamped_count is not None and num_per_channels == 128"
-                                " and x.element_size() == 2 else [0]"))],
-            launches=True,
             reference="tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast",
             samples=[
                 Sample("decode", 128, [Randn(["T", 4096], "bfloat16"), "e4m3", 128]),
