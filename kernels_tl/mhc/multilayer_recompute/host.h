@@ -1,12 +1,9 @@
 // mhc.mhc_multilayer_recompute: host side (interface: tka/host.h).
 //
-// Every tensor has initial_residual's leading dims (flattened into one token dim N).  Up to
-// kStagedLayers layers run on the staged kernel (config max_layers 4: a persistent grid of
-// Constants::blocks_per_sm blocks per SM, each thread walking pieces with the next one's loads in
-// flight); more on the wide kernel (max_layers 16: one piece per thread), which takes
-// kLayersPerLaunch layers per launch, so a call with more layers runs as chained launches: launch
-// j takes layers [j * 16, ...), starting from the residual the previous launch wrote last
-// (residual_list[j * 16 - 1]).
+// Every tensor has initial_residual's leading dims (flattened into one token dim N); the kernel
+// takes MAX_LAYERS (Constants::max_layers) layers per launch, so a call with more layers runs as
+// chained launches: launch j takes layers [j * max_layers, ...), starting from the residual the
+// previous launch wrote last (residual_list[j * max_layers - 1]).
 #pragma once
 
 #include <algorithm>
@@ -17,13 +14,10 @@ namespace tka::mhc_multilayer_recompute::mhc_multilayer_recompute {
 
 struct Plan {
   int64_t num_tokens, mhc_mult, hidden, num_layers, num_post;
-  int64_t per_launch;  // layers per launch of the kernel picked (its config's max_layers)
-  int64_t sms;         // the device's SM count (the staged kernel's persistent grid)
-  int lead;            // leading dims of every tensor
+  int lead;  // leading dims of every tensor
 };
 
-constexpr int kLayersPerLaunch = 16;  // the kernel's pointer parameters per list; the wide kernel's layers per launch
-constexpr int kStagedLayers = 4;      // at most this many layers: the staged kernel (one launch)
+constexpr int kLayersPerLaunch = 16;  // the kernel's pointer parameters per list (checked against Constants)
 
 // `t` starts with `r`'s first `lead` dims and has `rest` more dims.
 inline bool leads_like(const TensorArg& t, const TensorArg& r, int lead, int rest) {
@@ -90,11 +84,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
               (long long)i, m, h);
     TKA_CHECK(aligned(res.data, 16), "residual_list", "[%lld] must start 16-byte aligned", (long long)i);
   }
-  p.per_launch = L <= kStagedLayers ? kStagedLayers : kLayersPerLaunch;
-  p.sms = plan_sm_count(op, r.device);
-  if (p.sms < 0) return false;  // the device query failed (error set)
   c.mhc_mult = p.mhc_mult;
-  c.max_layers = p.per_launch;
   return true;
 }
 
@@ -102,7 +92,7 @@ inline void outputs(const Args&, const Plan&, OutSpecs&) {}
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
-inline int64_t launches(const Plan& p) { return ceil_div(p.num_layers, p.per_launch); }
+inline int64_t launches(const Plan& p) { return ceil_div(p.num_layers, kLayersPerLaunch); }
 
 #define TKA_LAYER_FIELDS(list)                                                                          \
   {&KernelArgs::list##_0,  &KernelArgs::list##_1,  &KernelArgs::list##_2,  &KernelArgs::list##_3,       \
@@ -118,18 +108,11 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   static void* KernelArgs::* const kComb[] = TKA_LAYER_FIELDS(comb_mix);
   static void* KernelArgs::* const kInput[] = TKA_LAYER_FIELDS(layer_input);
   static void* KernelArgs::* const kResidual[] = TKA_LAYER_FIELDS(residual);
-  TKA_CHECK(c.layers_per_launch == p.per_launch, "pre_mix_list", "cannot run: the kernel takes %lld layers per launch, "
-            "the host expects %lld", (long long)c.layers_per_launch, (long long)p.per_launch);
-  const int64_t items = p.num_tokens * (p.hidden / 8);  // 16-byte pieces of a row, one per thread at a time
-  const int64_t cover = ceil_div(items, 256);           // blocks of 256 threads covering every piece once
-  // staged: a persistent grid of at most blocks_per_sm blocks per SM (each thread walks its pieces);
-  // wide: one piece per thread
-  const int64_t blocks = c.blocks_per_sm > 0 ? std::min<int64_t>(cover, p.sms * c.blocks_per_sm) : cover;
-  // 32-bit piece indices: the wide kernel's up to blocks * 256 <= items + 255, the staged one's up to items + stride
-  TKA_CHECK(items + std::max<int64_t>(blocks * 256 * (c.blocks_per_sm > 0), 256) <= 2147483647, "initial_residual",
-            "has too many elements for one launch");
-  const int64_t first = launch * p.per_launch;
-  const int64_t layers = std::min<int64_t>(p.num_layers - first, p.per_launch);
+  TKA_CHECK(c.max_layers == kLayersPerLaunch, "pre_mix_list", "cannot run: the kernel takes %lld layers per launch, "
+            "the host expects %d", (long long)c.max_layers, kLayersPerLaunch);
+  TKA_CHECK(p.num_tokens * (p.hidden / 8) <= 2147483647 - 256, "initial_residual", "has too many elements for one launch");
+  const int64_t first = launch * kLayersPerLaunch;
+  const int64_t layers = std::min<int64_t>(p.num_layers - first, kLayersPerLaunch);
   // layers [first, first + layers) have posts up to num_post (a launch before the last has all)
   const int64_t posts = std::max<int64_t>(std::min<int64_t>(p.num_post - first, layers), 0);
   k.initial_residual = first == 0 ? a.initial_residual.data : a.residual_list.items[first - 1].data;
@@ -147,7 +130,6 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.num_post = posts;
   k.num_tokens = p.num_tokens;
   k.pieces = p.hidden / 8;
-  k.num_blocks = blocks;
   return true;
 }
 

@@ -23,12 +23,6 @@ layer-output pieces are loaded two layers ahead (three register slots) and the t
 prefetched into L1 with them, read when the layer is computed, so each layer's loads overlap
 two layers of arithmetic and stores; 80 registers, 3 blocks of 256 threads per SM.
 
-Two configs (``max_layers``): the wide kernel (16) runs one piece per thread as above; the staged
-kernel (4, which the host picks for up to 4 layers, where no later layer covers the stream loads)
-runs a persistent grid whose threads walk several pieces, each thread ``cp.async``-ing its next
-piece's streams and first two layer-output pieces into its own shared-memory slot while it
-computes the current one (no registers held, no block barrier), then the same layer code.
-
 The lists are passed by value: ``MAX_LAYERS`` pointer parameters per list (one kernel parameter
 each, unused ones null) and the run-time counts ``num_layers`` (1 ..  MAX_LAYERS) and
 ``num_post`` (``num_layers`` or ``num_layers - 1``).  The layer loop is unrolled at trace time
@@ -40,17 +34,14 @@ but ``M``; the token count and hidden size are run-time values.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
 from kernels_tl.mhc import streams
 from kernels_tl.mhc.streams import PIECE, THREADS
 
 PASS_CONFIGS = streams.PASS_CONFIGS
 
-MAX_LAYERS = 16  # the pointer parameters of each list below; layers per launch of the wide config
-STAGED_LAYERS = 4  # layers per launch of the staged config (max_layers == STAGED_LAYERS: small layer counts)
+MAX_LAYERS = 16  # layers per launch: the pointer parameters of each list below (host.h: kLayersPerLaunch)
 LO_AHEAD = 2  # layers a layer-output piece is loaded ahead of its use (LO_AHEAD + 1 register slots)
 MIN_BLOCKS_PER_SM = 3  # <= 80 registers: the streams, the layer-output slots, one layer's mixes
-STAGES = 2  # staged config: shared-memory slots per thread (the current piece's and the next one's)
 
 # an L1 prefetch of the line holding `p` (a hint: no register); a 16-byte store from a thread's
 # registers that stays one 16-byte store (nvcc splits some into four 4-byte stores when the four
@@ -103,18 +94,12 @@ def post_value(xs, rs, pw, cw, n, u, mhc_mult: int):
     return T.cast(T.ieee_add(T.ieee_mul(T.cast(xs[u], T.float32), pw[n]), mixed), T.bfloat16)
 
 
-def host_constants(mhc_mult: int, max_layers: int) -> dict:
-    """Layers per launch, and the blocks per SM the staged config's persistent grid is sized by
-    (0: the wide config, one block per 256 pieces)."""
-    return {"layers_per_launch": max_layers,
-            "blocks_per_sm": MIN_BLOCKS_PER_SM if max_layers == STAGED_LAYERS else 0}
+def host_constants(mhc_mult: int) -> dict:
+    return {"max_layers": MAX_LAYERS}
 
 
-def multilayer_recompute_kernel(mhc_mult: int, max_layers: int):
+def multilayer_recompute_kernel(mhc_mult: int):
     M = mhc_mult
-    assert max_layers in (STAGED_LAYERS, MAX_LAYERS), "configs: max_layers 4 (staged) or 16 (wide)"
-    staged = max_layers == STAGED_LAYERS
-    NQ = M + LO_AHEAD  # staged: pieces per slot
     num_tokens = T.dynamic("num_tokens")
     pieces = T.dynamic("pieces")
 
@@ -132,61 +117,6 @@ def multilayer_recompute_kernel(mhc_mult: int, max_layers: int):
         return T.Tensor[(num_tokens, M, M), T.float32]
 
     assert MAX_LAYERS == 16, "the parameter lists below spell out 16 layers"
-
-    @T.macro
-    def piece_layers(first_loaded, pre, lo, post, comb, li, res, rs, col, acc, xs, w, pw, cw, token, lane,
-                     num_layers, num_post):
-        """The layers of the piece (token, lane), its streams in ``rs``: step j loads layer
-        j's layer-output piece and prefetches its mixes (for j >= first_loaded: the earlier
-        ones are in their slots and L1 already), then computes layer j - LO_AHEAD (Python
-        lists and ints: unrolled at trace time, each layer guarded by the run-time counts)."""
-        for j in list(range(max_layers + LO_AHEAD)):
-            if first_loaded <= j < max_layers:
-                if j < num_layers:
-                    T.evaluate(prefetch_l1(pre[j][token, 0]))
-                if j < num_post:
-                    for u in T.vectorized(PIECE):
-                        xs[j % (LO_AHEAD + 1)][u] = lo[j][token, lane, u]
-                    T.evaluate(prefetch_l1(post[j][token, 0]))
-                    T.evaluate(prefetch_l1(comb[j][token, 0, 0]))
-            if j >= LO_AHEAD:
-                i = j - LO_AHEAD
-                if i < num_layers:
-                    for m in T.unroll(M):
-                        w[m] = pre[i][token, m]
-                    for u in T.unroll(PIECE):
-                        acc[u] = apply_mix_value_folded(rs, w, u, M)
-                    for u in T.vectorized(PIECE):
-                        li[i][token, lane, u] = T.cast(acc[u], T.bfloat16)
-                if i < num_post:
-                    for m in T.unroll(M):
-                        pw[m] = post[i][token, m]
-                        for n in T.unroll(M):
-                            cw[m, n] = comb[i][token, m, n]
-                    # value u of the new streams needs only value u of the old ones: each
-                    # column replaces the old one in place (no second set of registers)
-                    for u in T.unroll(PIECE):
-                        for n in T.unroll(M):
-                            col[n] = post_value(xs[i % (LO_AHEAD + 1)], rs, pw, cw, n, u, M)
-                        for n in T.unroll(M):
-                            rs[n, u] = col[n]
-                    for n in T.unroll(M):
-                        T.evaluate(store_16(res[i][token, n, lane, 0], rs[n, 0]))
-
-    @T.macro
-    def issue_stage(stage, sl, tk, ln, tid, initial_residual, pre, lo, post, comb, num_layers, num_post):
-        """cp.async the piece (tk, ln)'s streams and first layer outputs into slot sl,
-        one commit group; L1 prefetches of its first layers' mixes."""
-        for m in T.unroll(M):
-            T.evaluate(cp_async.copy16(stage[sl, m, tid, 0], initial_residual[tk, m, ln, 0]))
-        for j in list(range(LO_AHEAD)):
-            if j < num_post:
-                T.evaluate(cp_async.copy16(stage[sl, M + j, tid, 0], lo[j][tk, ln, 0]))
-                T.evaluate(prefetch_l1(post[j][tk, 0]))
-                T.evaluate(prefetch_l1(comb[j][tk, 0, 0]))
-            if j < num_layers:
-                T.evaluate(prefetch_l1(pre[j][tk, 0]))
-        cp_async.commit()
 
     @T.prim_func
     def multilayer_recompute(
@@ -217,12 +147,10 @@ def multilayer_recompute_kernel(mhc_mult: int, max_layers: int):
         residual_12: Streams, residual_13: Streams, residual_14: Streams, residual_15: Streams,
         num_layers: T.int32,
         num_post: T.int32,
-        num_blocks: T.int32,
     ):
-        with T.Kernel(num_blocks, threads=THREADS) as bid:
+        with T.Kernel(T.ceildiv(num_tokens * pieces, THREADS), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.assume(pieces > 0)
-            T.assume(num_blocks > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             pre = [
                 pre_mix_0, pre_mix_1, pre_mix_2, pre_mix_3,
@@ -260,7 +188,7 @@ def multilayer_recompute_kernel(mhc_mult: int, max_layers: int):
                 residual_8, residual_9, residual_10, residual_11,
                 residual_12, residual_13, residual_14, residual_15,
             ]
-            T.import_source(DEVICE_SOURCE + (cp_async.DEVICE_SOURCE if staged else ""))
+            T.import_source(DEVICE_SOURCE)
             tid = T.get_thread_binding()
             rs = T.alloc_local((M, PIECE), T.bfloat16)  # the streams' pieces, updated in place per layer
             col = T.alloc_local((M,), T.bfloat16)  # value u of every new stream
@@ -274,66 +202,46 @@ def multilayer_recompute_kernel(mhc_mult: int, max_layers: int):
             cw = T.alloc_local((M, M), T.float32)
             token = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
-            nxt_token = T.alloc_var(T.int32)  # staged: the next piece's
-            nxt_lane = T.alloc_var(T.int32)
-            items = T.alloc_var(T.int32)  # staged: the thread's pieces
-            slot = T.alloc_var(T.int32)  # staged: the current piece's slot
-
-            # staged: each thread's slots for the current and the next piece (wide: unused)
-            stage = T.alloc_shared((STAGES, NQ, THREADS, PIECE) if staged else (1, 1, 1, PIECE), T.bfloat16)
-
-            if not staged:
-                # wide: one piece per thread, grid ceil(num_tokens * pieces / THREADS)
-                token = (bid * THREADS + tid) // pieces
-                lane = (bid * THREADS + tid) - token * pieces
-                if token < num_tokens:
-                    for m in T.unroll(M):
-                        for u in T.vectorized(PIECE):
-                            rs[m, u] = initial_residual[token, m, lane, u]
-                    piece_layers(0, pre, lo, post, comb, li, res, rs, col, acc, xs, w, pw, cw, token, lane,
-                                 num_layers, num_post)
-            else:
-                # staged: a persistent grid (blocks_per_sm blocks per SM); each thread walks the
-                # pieces first, first + stride, ...  Its next piece's streams and first LO_AHEAD
-                # layer-output pieces travel by cp.async into the thread's own shared slot while it
-                # computes the current piece, so no piece waits a full DRAM round trip at its start.
-                # Only the issuing thread reads its slot (after its own wait): no block barrier.
-                # the host bounds num_tokens * pieces + stride below 2^31
-                first = bid * THREADS + tid
-                stride = num_blocks * THREADS
-                step_tokens = stride // pieces
-                step_lanes = stride - step_tokens * pieces
-                token = first // pieces
-                lane = first - token * pieces
-                items = 0
-                if token < num_tokens:
-                    items = (num_tokens * pieces - 1 - first) // stride + 1
-                slot = 0
-                if items > 0:
-                    issue_stage(stage, 0, token, lane, tid, initial_residual, pre, lo, post, comb, num_layers, num_post)
-                for it in T.serial(items):
-                    nxt_lane = lane + step_lanes
-                    nxt_token = token + step_tokens
-                    if nxt_lane >= pieces:
-                        nxt_lane = nxt_lane - pieces
-                        nxt_token = nxt_token + 1
-                    # this piece's slot (the only group in flight), into registers
-                    cp_async.wait(0)
-                    for m in T.unroll(M):
-                        for u in T.vectorized(PIECE):
-                            rs[m, u] = stage[slot, m, tid, u]
-                    for j in list(range(LO_AHEAD)):
+            token = (bid * THREADS + tid) // pieces
+            lane = (bid * THREADS + tid) - token * pieces
+            if token < num_tokens:
+                for m in T.unroll(M):
+                    for u in T.vectorized(PIECE):
+                        rs[m, u] = initial_residual[token, m, lane, u]
+                # step j loads layer j's layer-output piece and prefetches its mixes, then computes
+                # layer j - LO_AHEAD (Python lists and ints: unrolled at trace time, each layer
+                # guarded by the run-time counts)
+                for j in list(range(MAX_LAYERS + LO_AHEAD)):
+                    if j < MAX_LAYERS:
+                        if j < num_layers:
+                            T.evaluate(prefetch_l1(pre[j][token, 0]))
                         if j < num_post:
                             for u in T.vectorized(PIECE):
-                                xs[j][u] = stage[slot, M + j, tid, u]
-                    # the next piece into the other slot (last read one piece ago, by this thread)
-                    if it + 1 < items:
-                        issue_stage(stage, 1 - slot, nxt_token, nxt_lane, tid, initial_residual, pre, lo, post, comb,
-                                    num_layers, num_post)
-                    piece_layers(LO_AHEAD, pre, lo, post, comb, li, res, rs, col, acc, xs, w, pw, cw, token, lane,
-                                 num_layers, num_post)
-                    token = nxt_token
-                    lane = nxt_lane
-                    slot = 1 - slot
+                                xs[j % (LO_AHEAD + 1)][u] = lo[j][token, lane, u]
+                            T.evaluate(prefetch_l1(post[j][token, 0]))
+                            T.evaluate(prefetch_l1(comb[j][token, 0, 0]))
+                    if j >= LO_AHEAD:
+                        i = j - LO_AHEAD
+                        if i < num_layers:
+                            for m in T.unroll(M):
+                                w[m] = pre[i][token, m]
+                            for u in T.unroll(PIECE):
+                                acc[u] = apply_mix_value_folded(rs, w, u, M)
+                            for u in T.vectorized(PIECE):
+                                li[i][token, lane, u] = T.cast(acc[u], T.bfloat16)
+                        if i < num_post:
+                            for m in T.unroll(M):
+                                pw[m] = post[i][token, m]
+                                for n in T.unroll(M):
+                                    cw[m, n] = comb[i][token, m, n]
+                            # value u of the new streams needs only value u of the old ones: each
+                            # column replaces the old one in place (no second set of registers)
+                            for u in T.unroll(PIECE):
+                                for n in T.unroll(M):
+                                    col[n] = post_value(xs[i % (LO_AHEAD + 1)], rs, pw, cw, n, u, M)
+                                for n in T.unroll(M):
+                                    rs[n, u] = col[n]
+                            for n in T.unroll(M):
+                                T.evaluate(store_16(res[i][token, n, lane, 0], rs[n, 0]))
 
     return multilayer_recompute

@@ -1,7 +1,6 @@
-"""mhc.mhc_multilayer_recompute: two kernels per mhc_mult (``max_layers`` 4: the staged persistent
-kernel the host picks for up to 4 layers; 16: the wide kernel for more, 16 layers per launch); the
-token count, hidden size and the numbers of layers and posts are run-time values (more layers than
-one launch takes run as chained launches)."""
+"""mhc.mhc_multilayer_recompute: one kernel per mhc_mult; the token count, hidden size and the
+numbers of layers and posts are run-time values (more layers than one launch takes run as chained
+launches)."""
 
 from kernels_tl.mhc.stream_samples import BF16_GEMM, comb_mix, hidden, stream_mix, streams
 from kernels_tl.schema import Op, Param, Sample, Schema, Tensor, TensorList, Tensors
@@ -26,9 +25,6 @@ def _sample(name: str, tokens: int, num_layers: int, num_post: int, h: int) -> S
 SAMPLES = [
     Sample("decode", 128, _args(10, 9, 7168)),
     Sample("prefill", 8192, _args(3, 3, 7168)),
-    # up to 4 layers: the staged kernel (8192 tokens: each thread walks about 26 pieces); 5: the wide one
-    _sample("staged", 8192, 4, 4, 2560),
-    _sample("wide", 1000, 5, 5, 2048),
     # TileKernels' benchmark (10 layers, 9 or 10 posts, 8192 tokens, hidden 2560) and test matrix
     _sample("upstream", 8192, 10, 10, 2560),
     _sample("upstream", 8192, 10, 9, 2560),
@@ -45,7 +41,7 @@ SAMPLES = [
 ]
 
 SCHEMA = Schema(
-    static=("mhc_mult", "max_layers"),
+    static=("mhc_mult",),
     ops=[
         Op(
             module="mhc",
