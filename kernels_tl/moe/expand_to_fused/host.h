@@ -75,11 +75,8 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const CopyGeometry g = geometry(p, c);
-  // rows per padding-check block: whole warps, about one block per SM (a padding row is
-  // zeroed by one warp, so rows per block are SM time when most rows are padding)
-  const int64_t pad_span = std::min<int64_t>(c.threads, std::max<int64_t>(32, ceil_div(ceil_div(p.num_rows, kSpreadBlocks), 32) * 32));
-  const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
-  // the kernel's thread indices (block * pad_span + thread over the padding part, block * span +
+  const int64_t pad_blocks = ceil_div(p.num_rows, c.threads);
+  // the kernel's thread indices (block * threads + thread over the padding part, block * span +
   // thread over the copy) are 32-bit
   TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
@@ -94,7 +91,6 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.lanes_per_row = g.lanes;
   k.block_span = g.span;
   k.pad_blocks = pad_blocks;
-  k.pad_span = pad_span;
   k.num_blocks = pad_blocks + g.blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;

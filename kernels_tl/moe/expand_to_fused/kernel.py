@@ -12,8 +12,7 @@ Design
 Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.  The
 grid has two parts, told apart by the block index (uniform per block):
 
-* Blocks ``[0, pad_blocks)``: the padding check, one thread per fused row (``pad_span``
-  rows per block, 32 to 256: the host spreads many padding rows over many SMs).  Each thread loads
+* Blocks ``[0, pad_blocks)``: the padding check, one thread per fused row.  Each thread loads
   its row's ``pos_to_expert`` flag; a warp ballot gathers its 32 rows' flags, and the warp zeroes
   each padding row among them in turn (16-byte stores, 512 contiguous bytes per instruction,
   then the row's scale-factor words).  A fused row that is not padding costs one 4-byte load,
@@ -83,7 +82,6 @@ def expand_to_fused_kernel():
         lanes_per_row: T.int32,
         block_span: T.int32,
         pad_blocks: T.int32,
-        pad_span: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
@@ -108,11 +106,9 @@ def expand_to_fused_kernel():
 
             if bid < pad_blocks:
                 # ---- the padding check: a thread per fused row, a warp zeroes its padding rows
-                # the block's first `pad_span` threads (a multiple of 32) take its rows, so
-                # the zero-fill of many padding rows spreads over many SMs
-                row = bid * pad_span + tid
+                row = bid * THREADS + tid
                 padding = 0
-                if tid < pad_span and row < num_rows:
+                if row < num_rows:
                     if pos_to_expert[row] < 0:
                         padding = 1
                 # every thread of the warp is here (the branch is uniform per block)
