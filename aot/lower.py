@@ -141,6 +141,8 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     block = [int(geometry.get(f"threadIdx.{d}", 1)) for d in "xyz"]
     dyn_smem = to_cpp(geometry.get("tirx.use_dyn_shared_memory", 0))
     cluster = [int(geometry.get(f"tir.cluster_dim_{d}", 1)) for d in "xyz"]
+    if cluster[0] * cluster[1] * cluster[2] > 8:  # the runtime launches portable cluster sizes only
+        raise ValueError(f"{kernel_name}: a cluster of {cluster} blocks is above the portable 8")
     return LoweredKernel(
         kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
         params=params, grid=grid, block=block, dyn_smem=dyn_smem, pdl="has_cuda_pdl_sync" in dfunc.attrs,

@@ -931,14 +931,6 @@ bool launch(const char* op, KernelEntry* e, int device, void* stream, const Geom
     if (r != cu::CUDA_SUCCESS) return runtime_error(op, "cannot raise the shared memory limit: %s", cu::describe(r).c_str());
     e->smem_set[device].store(static_cast<uint64_t>(g.dyn_smem) + 1, std::memory_order_relaxed);
   }
-  // A cluster of more than 8 blocks (the portable size) must be allowed on the kernel first.
-  if (g.cluster[0] * g.cluster[1] * g.cluster[2] > 8 && !e->cluster_set[device].load(std::memory_order_relaxed)) {
-    cu::CUresult r = d->cuKernelSetAttribute(cu::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, device);
-    if (r != cu::CUDA_SUCCESS)
-      return runtime_error(op, "cannot allow a cluster of %lld blocks: %s",
-                           static_cast<long long>(g.cluster[0] * g.cluster[1] * g.cluster[2]), cu::describe(r).c_str());
-    e->cluster_set[device].store(true, std::memory_order_relaxed);
-  }
   cu::CUresult r = issue(d, e, g, static_cast<cu::CUstream>(stream), params, true);
   if (r != cu::CUDA_SUCCESS) return runtime_error(op, "launch failed: %s", cu::describe(r).c_str());
   t_last.entry = e;

@@ -168,7 +168,6 @@ struct KernelEntry {
   std::atomic<cu::CUkernel> kernel{nullptr};
   std::mutex lock;
   std::atomic<uint64_t> smem_set[kMaxDevices] = {};  // dynamic smem limit raised, per device (+1)
-  std::atomic<bool> cluster_set[kMaxDevices] = {};  // non-portable cluster size allowed, per device
 };
 // The arch index (into kArchs) of a CUDA device, or -1 with an error set.
 int device_arch(const char* op, int device);
