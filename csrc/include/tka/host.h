@@ -54,6 +54,17 @@ inline void strided_output(OutSpec& s, DType dtype, std::initializer_list<int64_
 
 inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// `set(k, v)` where it compiles (the build's KernelArgs has the field it sets), else nothing.
+template <class K, class V, class F>
+inline auto set_if_present(K& k, V v, F set, int) -> decltype(set(k, v)) { set(k, v); }
+template <class K, class V, class F>
+inline void set_if_present(K&, V, F, long) {}
+
+// `ka.FIELD = value` when the build's KernelArgs has FIELD: TileLang keeps a parameter only in
+// the configs that use it (e.g. a later launch's scratch), and a build may lack those configs.
+#define TKA_SET_IF_PRESENT(ka, FIELD, value) \
+  ::tka::set_if_present((ka), (value), [](auto& args, auto v) -> decltype(void(args.FIELD = v)) { args.FIELD = v; }, 0)
+
 }  // namespace tka
 
 // In a host function with `const char* op` in scope: raise ValueError (TKA_CHECK) or TypeError

@@ -47,14 +47,6 @@ inline Layout pick_layout(int64_t num_tokens, int64_t features, int64_t sms, boo
   return best;
 }
 
-// The split layout's kernel parameters (present in KernelArgs where a split config is prebuilt).
-template <class K>
-inline auto set_split_args(K& k, void* partials, int64_t launch) -> decltype(k.partials = partials, k.combine = launch, void()) {
-  k.partials = partials;
-  k.combine = launch;
-}
-inline void set_split_args(...) {}
-
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.residual.shape[0];
   p.mhc_mult = a.residual.shape[1];
@@ -118,7 +110,9 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.has_weight = a.mhc_norm_weight.present ? 1 : 0;
   k.eps = static_cast<float>(a.mhc_norm_eps);
   k.features = static_cast<float>(p.features);
-  set_split_args(k, o.partials.data, launch);
+  // the split layout's parameters (in KernelArgs where a split config is prebuilt)
+  TKA_SET_IF_PRESENT(k, partials, o.partials.data);
+  TKA_SET_IF_PRESENT(k, combine, launch);
   return true;
 }
 

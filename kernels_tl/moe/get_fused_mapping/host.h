@@ -34,16 +34,6 @@ inline int64_t most_blocks(int64_t num_experts) {
   return std::min<int64_t>(std::max<int64_t>(kScratchBudget / std::max<int64_t>(num_experts, 1), 1), kMaxGrid);
 }
 
-// KernelArgs holds the parameters of every prebuilt kernel: the passes kernel's `scratch` and
-// `phase` exist only when a passes config is in the build (the blocks kernel has neither).
-template <class K>
-auto set_passes_args(K& k, void* scratch, int64_t phase, int) -> decltype(k.scratch = scratch, k.phase = phase, void()) {
-  k.scratch = scratch;
-  k.phase = phase;
-}
-template <class K>
-void set_passes_args(K&, void*, int64_t, long) {}
-
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.topk_idx.shape[0];
   p.num_topk = a.topk_idx.shape[1];
@@ -118,7 +108,9 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.num_experts = p.num_experts;
   k.num_topk = p.num_elements > 0 ? p.num_topk : 1;  // the divisor of flat index -> token (any with no entries)
   k.alignment = a.alignment;
-  set_passes_args(k, o.scratch.data, launch, 0);
+  // the passes kernel's parameters (the blocks kernel has neither: absent from a build without it)
+  TKA_SET_IF_PRESENT(k, scratch, o.scratch.data);
+  TKA_SET_IF_PRESENT(k, phase, launch);
   return true;
 }
 
