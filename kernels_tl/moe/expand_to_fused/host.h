@@ -58,6 +58,7 @@ inline int64_t warp_lanes(int64_t row_vecs, int64_t v) {
 // a longer row (more than a block's threads at one vector) runs on the flat index (span =
 // threads). The output bits do not depend on the geometry (a copy).
 constexpr int64_t kSpreadBlocks = 128;  // about one copy block per SM (132 on an H200)
+constexpr int64_t kPadBlocks = 256;     // about two padding-check blocks per SM
 inline CopyGeometry geometry(const Plan& p, const Constants& c) {
   CopyGeometry g{};
   for (int64_t v = c.vectors_per_thread; v >= 1; v /= 2) {
@@ -75,8 +76,12 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const CopyGeometry g = geometry(p, c);
-  const int64_t pad_blocks = ceil_div(p.num_rows, c.threads);
-  // the kernel's thread indices (block * threads + thread over the padding part, block * span +
+  // rows per padding-check block: whole warps of flags, about two blocks per SM (each block
+  // zeroes its padding rows with all its threads, so when most rows are padding the rows per
+  // block are SM time)
+  const int64_t pad_span = std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
+  const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
+  // the kernel's thread indices (block * pad_span + row over the padding part, block * span +
   // thread over the copy) are 32-bit
   TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
@@ -91,6 +96,7 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.lanes_per_row = g.lanes;
   k.block_span = g.span;
   k.pad_blocks = pad_blocks;
+  k.pad_span = pad_span;
   k.num_blocks = pad_blocks + g.blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;

@@ -12,11 +12,14 @@ Design
 Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.  The
 grid has two parts, told apart by the block index (uniform per block):
 
-* Blocks ``[0, pad_blocks)``: the padding check, one thread per fused row.  Each thread loads
-  its row's ``pos_to_expert`` flag; a warp ballot gathers its 32 rows' flags, and the warp zeroes
-  each padding row among them in turn (16-byte stores, 512 contiguous bytes per instruction,
-  then the row's scale-factor words).  A fused row that is not padding costs one 4-byte load,
-  not a thread per 16-byte lane.
+* Blocks ``[0, pad_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
+  256, a multiple of 32: the host spreads the rows over about two blocks per SM).  The block
+  takes its rows 32 at a time: every warp loads the same 32 ``pos_to_expert`` flags (one
+  cached line) and ballots them, so each warp holds the same mask without shared memory or a
+  barrier, and the whole block zeroes each padding row among them in turn (16-byte stores, 4 KB
+  per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
+  (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
+  that is not padding costs a 4-byte load, not a thread per 16-byte lane.
 * Blocks ``[pad_blocks, num_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
   is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
   whole and that the pointers are 16-byte aligned); lane ``l`` owns vectors ``l, l + lanes,
@@ -82,6 +85,7 @@ def expand_to_fused_kernel():
         lanes_per_row: T.int32,
         block_span: T.int32,
         pad_blocks: T.int32,
+        pad_span: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
@@ -105,29 +109,30 @@ def expand_to_fused_kernel():
             flat = T.alloc_var(T.int32)
 
             if bid < pad_blocks:
-                # ---- the padding check: a thread per fused row, a warp zeroes its padding rows
-                row = bid * THREADS + tid
-                padding = 0
-                if row < num_rows:
-                    if pos_to_expert[row] < 0:
-                        padding = 1
-                # every thread of the warp is here (the branch is uniform per block)
-                mask = T.Cast(T.uint32, T.ballot(padding != 0))
+                # ---- the padding check: 32 rows at a time, the block zeroes each padding row
                 lane = tid % 32
-                # the count fixed before the loop: a bound over `mask` itself would be
-                # re-evaluated after each row has consumed its bit
-                count = T.call_extern(T.int32, "__popc", mask)
-                for g in T.serial(count):
-                    slot = T.call_extern(T.int32, "__ffs", mask) - 1
-                    mask = mask & (mask - T.uint32(1))
-                    prow = row - lane + slot  # the warp's first row + the slot
-                    for v in T.serial(T.ceildiv(row_vecs, 32)):
-                        if lane + v * 32 < row_vecs:
-                            for u in T.vectorized(4):
-                                out[prow, lane + v * 32, u] = T.uint32(0)
-                    for s in T.serial(T.ceildiv(sf_cols, 32)):
-                        if lane + s * 32 < sf_cols:
-                            out_sf[prow * sf_row_stride + (lane + s * 32) * sf_col_stride] = T.uint32(0)
+                for g in T.serial(pad_span // 32):
+                    prow = bid * pad_span + g * 32  # the group's first row
+                    padding = 0
+                    if prow + lane < num_rows:
+                        if pos_to_expert[prow + lane] < 0:
+                            padding = 1
+                    # every warp ballots the same 32 flags (the branch is uniform per block)
+                    mask = T.Cast(T.uint32, T.ballot(padding != 0))
+                    # the count fixed before the loop: a bound over `mask` itself would be
+                    # re-evaluated after each row has consumed its bit
+                    count = T.call_extern(T.int32, "__popc", mask)
+                    for r in T.serial(count):
+                        slot = T.call_extern(T.int32, "__ffs", mask) - 1
+                        mask = mask & (mask - T.uint32(1))
+                        row = prow + slot
+                        for v in T.serial(T.ceildiv(row_vecs, THREADS)):
+                            if tid + v * THREADS < row_vecs:
+                                for u in T.vectorized(4):
+                                    out[row, tid + v * THREADS, u] = T.uint32(0)
+                        for s in T.serial(T.ceildiv(sf_cols, THREADS)):
+                            if tid + s * THREADS < sf_cols:
+                                out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
             else:
                 # ---- the copy: a token's row to every fused row it is routed to
                 # the block's first `block_span` threads take consecutive lanes of the flat

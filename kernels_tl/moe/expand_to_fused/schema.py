@@ -14,6 +14,9 @@ POSITIONS = [Routed("token_topk_to_pos"), Routed("pos_to_expert")]
 DENSE = Routing(num_topk=8, num_experts=32)
 UPSTREAM_9 = Routing(num_topk=8, num_experts=9, unrouted=0.8165, exact=True)
 UPSTREAM_32 = Routing(num_topk=8, num_experts=32, unrouted=0.816, exact=True)
+# the MoE layer's no-sync mapping (tile_kernels_aot.moe_layer): 256 experts, alignment 16, rows
+# sized at the bound, so at decode most rows (3840 of 4864) are padding
+LAYER = Routing(num_topk=8, num_experts=256, alignment=16)
 
 
 def _x(hidden: int, dtype: str = "bfloat16"):
@@ -56,6 +59,8 @@ EXPAND = Op(
                routing=Routing(num_topk=4, num_experts=16, alignment=8, unrouted=0.2)),
         # a row longer than a block at one vector per lane: the flat index (tokens across blocks)
         Sample("few tokens, flat index", 16, [_x(7168), *POSITIONS], routing=DENSE),
+        # padding-check blocks of 32 rows (4864 rows over 152 blocks), most rows zeroed
+        Sample("MoE layer decode: 256 experts, mostly padding rows", 128, [_x(7168), *POSITIONS], routing=LAYER),
     ],
     token_dim=None,  # the output's rows are fused rows, not tokens
     doc=("expand_to_fused(x, token_topk_to_pos, pos_to_expert) -> out [num_expanded_tokens, hidden] of x.dtype: "
@@ -100,6 +105,9 @@ EXPAND_WITH_SF = Op(
                routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
         # 448 lanes of one vector over two blocks (the flat index), the factors on the first 56
         Sample("few tokens, flat index", 8, [_q(7168, 56), 128, *POSITIONS], routing=DENSE),
+        # padding-check blocks of 32 rows (4864 rows over 152 blocks), most rows zeroed
+        Sample("MoE layer decode: 256 experts, mostly padding rows", 128, [_q(7168, 56), 128, *POSITIONS],
+               routing=LAYER),
     ],
     token_dim=None,  # the outputs' rows are fused rows, not tokens
     doc=("expand_to_fused_with_sf((data, sf), num_per_channels, token_topk_to_pos, pos_to_expert, "
