@@ -99,7 +99,7 @@ SCHEMA = Schema(
                   Out("expert_start", dtype="'int32'", shape="[num_experts]"),
                   Out("expert_end", dtype="'int32'", shape="[num_experts]"),
                   Out("num_tokens_per_expert", dtype="'int32'", shape="[num_experts]")],
-            # the passes path's per-block counts [expert][block] (host.h: num_experts x the grid's most
+            # the passes path's per-block counts [block][expert] (host.h: num_experts x the grid's most
             # blocks; none for the blocks path), written by the count launch, read by the place launch
             scratch=[Out("scratch", dtype="'int32'",
                          shape="[num_experts * max(min(32768 // max(num_experts, 1), 128), 1) "
