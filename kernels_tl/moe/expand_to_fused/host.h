@@ -81,8 +81,8 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   // block are SM time)
   const int64_t pad_span = std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
   const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
-  // the kernel's thread indices (block * pad_span + row over the padding part, block * span +
-  // thread over the copy) are 32-bit
+  // the kernel's thread indices (block * span + thread over the copy, then (block - copy blocks)
+  // * pad_span + row over the padding check) are 32-bit
   TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
@@ -95,7 +95,7 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.row_vecs = p.row_vecs;
   k.lanes_per_row = g.lanes;
   k.block_span = g.span;
-  k.pad_blocks = pad_blocks;
+  k.copy_blocks = g.blocks;
   k.pad_span = pad_span;
   k.num_blocks = pad_blocks + g.blocks;
   k.x_sf = nullptr;

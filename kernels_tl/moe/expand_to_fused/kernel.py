@@ -12,15 +12,7 @@ Design
 Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.  The
 grid has two parts, told apart by the block index (uniform per block):
 
-* Blocks ``[0, pad_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
-  256, a multiple of 32: the host spreads the rows over about two blocks per SM).  The block
-  takes its rows 32 at a time: every warp loads the same 32 ``pos_to_expert`` flags (one
-  cached line) and ballots them, so each warp holds the same mask without shared memory or a
-  barrier, and the whole block zeroes each padding row among them in turn (16-byte stores, 4 KB
-  per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
-  (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
-  that is not padding costs a 4-byte load, not a thread per 16-byte lane.
-* Blocks ``[pad_blocks, num_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
+* Blocks ``[0, copy_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
   is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
   whole and that the pointers are 16-byte aligned); lane ``l`` owns vectors ``l, l + lanes,
   ...`` below ``row_vecs`` (at most ``VPT``: the host's ``lanes_per_row >= ceil(row_vecs /
@@ -37,6 +29,16 @@ grid has two parts, told apart by the block index (uniform per block):
   memory round trip serves it (top-k <= 8), then stores the vectors and words to each routed
   row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor and at most 8
   vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
+* Blocks ``[copy_blocks, num_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
+  256, a multiple of 32: the host spreads the rows over about two blocks per SM).  The block
+  takes its rows 32 at a time: every warp loads the same 32 ``pos_to_expert`` flags (one
+  cached line) and ballots them, so each warp holds the same mask without shared memory or a
+  barrier, and the whole block zeroes each padding row among them in turn (16-byte stores, 4 KB
+  per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
+  (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
+  that is not padding costs a 4-byte load, not a thread per 16-byte lane.
+  These blocks come last in the grid, so the copy's blocks are dispatched first, one per
+  SM when there are few tokens (decode), and the padding blocks take the slots left.
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
   the thread indices are 32-bit (the host bounds the grid's threads below 2^31).
@@ -84,7 +86,7 @@ def expand_to_fused_kernel():
         out_sf: T.Tensor[(out_sf_words,), T.uint32],
         lanes_per_row: T.int32,
         block_span: T.int32,
-        pad_blocks: T.int32,
+        copy_blocks: T.int32,
         pad_span: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
@@ -108,37 +110,12 @@ def expand_to_fused_kernel():
             lane = T.alloc_var(T.int32)
             flat = T.alloc_var(T.int32)
 
-            if bid < pad_blocks:
-                # ---- the padding check: 32 rows at a time, the block zeroes each padding row
-                lane = tid % 32
-                for g in T.serial(pad_span // 32):
-                    prow = bid * pad_span + g * 32  # the group's first row
-                    padding = 0
-                    if prow + lane < num_rows:
-                        if pos_to_expert[prow + lane] < 0:
-                            padding = 1
-                    # every warp ballots the same 32 flags (the branch is uniform per block)
-                    mask = T.Cast(T.uint32, T.ballot(padding != 0))
-                    # the count fixed before the loop: a bound over `mask` itself would be
-                    # re-evaluated after each row has consumed its bit
-                    count = T.call_extern(T.int32, "__popc", mask)
-                    for r in T.serial(count):
-                        slot = T.call_extern(T.int32, "__ffs", mask) - 1
-                        mask = mask & (mask - T.uint32(1))
-                        row = prow + slot
-                        for v in T.serial(T.ceildiv(row_vecs, THREADS)):
-                            if tid + v * THREADS < row_vecs:
-                                for u in T.vectorized(4):
-                                    out[row, tid + v * THREADS, u] = T.uint32(0)
-                        for s in T.serial(T.ceildiv(sf_cols, THREADS)):
-                            if tid + s * THREADS < sf_cols:
-                                out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
-            else:
+            if bid < copy_blocks:
                 # ---- the copy: a token's row to every fused row it is routed to
                 # the block's first `block_span` threads take consecutive lanes of the flat
                 # (token, lane) index: whole tokens per block when the host sets
                 # block_span = tokens_per_block * lanes_per_row, the flat index when THREADS
-                flat = (bid - pad_blocks) * block_span + tid
+                flat = bid * block_span + tid
                 row = flat // lanes_per_row
                 lane = flat - row * lanes_per_row
                 if tid < block_span and row < num_tokens:
@@ -166,5 +143,31 @@ def expand_to_fused_kernel():
                                 for s in T.unroll(SFW):
                                     if lane + s * lanes_per_row < sf_cols:
                                         out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
+
+            else:
+                # ---- the padding check: 32 rows at a time, the block zeroes each padding row
+                lane = tid % 32
+                for g in T.serial(pad_span // 32):
+                    prow = (bid - copy_blocks) * pad_span + g * 32  # the group's first row
+                    padding = 0
+                    if prow + lane < num_rows:
+                        if pos_to_expert[prow + lane] < 0:
+                            padding = 1
+                    # every warp ballots the same 32 flags (the branch is uniform per block)
+                    mask = T.Cast(T.uint32, T.ballot(padding != 0))
+                    # the count fixed before the loop: a bound over `mask` itself would be
+                    # re-evaluated after each row has consumed its bit
+                    count = T.call_extern(T.int32, "__popc", mask)
+                    for r in T.serial(count):
+                        slot = T.call_extern(T.int32, "__ffs", mask) - 1
+                        mask = mask & (mask - T.uint32(1))
+                        row = prow + slot
+                        for v in T.serial(T.ceildiv(row_vecs, THREADS)):
+                            if tid + v * THREADS < row_vecs:
+                                for u in T.vectorized(4):
+                                    out[row, tid + v * THREADS, u] = T.uint32(0)
+                        for s in T.serial(T.ceildiv(sf_cols, THREADS)):
+                            if tid + s * THREADS < sf_cols:
+                                out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
 
     return expand_to_fused

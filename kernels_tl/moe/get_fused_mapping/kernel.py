@@ -363,17 +363,18 @@ def _sum_groups(scratch, parts, sums, at, nblocks, group, bx, num_experts):
     """This thread's share of the place launch's sums over the scratch (``scratch[r * experts +
     e]``: the count of expert ``e`` in block ``r``'s group up to the end of block ``r``'s chunk):
     ``sums[0]`` <- part of ``c[e]``, ``sums[1]`` <- part of the count of ``e`` in blocks before
-    ``bx``.  ``at = [e, q, threads per expert, groups, bx's group]``: thread ``q * experts + e``
-    (``q`` below the threads per expert) takes expert ``e`` and the groups ``q`` modulo the
-    threads per expert, a group's row being its last block's; thread ``e`` (``q == 0``) adds the
-    row of block ``bx - 1`` when that block is in ``bx``'s group.  The loads of a row are
-    coalesced over ``e``, ``SUM_UNROLL`` rows per thread in flight."""
+    ``bx``.  ``at = [e, q, P, groups, bx's group]``: ``P`` consecutive threads of a warp per
+    expert (a power of two, at most 32 and at most ``THREADS / experts``), thread ``e * P + q``
+    taking expert ``e`` and the groups ``q`` modulo ``P``, a group's row being its last block's;
+    thread ``q == 0`` adds the row of block ``bx - 1`` when that block is in ``bx``'s group.
+    ``SUM_UNROLL`` rows per thread in flight; the ``P`` partial sums of an expert are combined
+    by ``_combine_sums`` (warp shuffles, no shared atomics)."""
     sums[0] = 0
     sums[1] = 0
     sums[2] = 0
-    if num_experts > 0 and at[1] == 0 and bx > at[4] * group:
+    if at[0] < num_experts and at[1] == 0 and bx > at[4] * group:
         sums[2] = scratch[(bx - 1) * num_experts + at[0]]
-    if num_experts > 0 and at[1] < at[2]:
+    if at[0] < num_experts:
         for j in T.serial(T.truncdiv(T.truncdiv(at[3] - at[1] + at[2] - 1, at[2]) + SUM_UNROLL - 1, SUM_UNROLL)):
             for u in T.unroll(SUM_UNROLL):  # all loads in flight before the first use
                 parts[u] = 0
@@ -385,6 +386,23 @@ def _sum_groups(scratch, parts, sums, at, nblocks, group, bx, num_experts):
                 if (j * SUM_UNROLL + u) * at[2] + at[1] < at[4]:
                     sums[1] = sums[1] + parts[u]
     sums[1] = sums[1] + sums[2]
+
+
+@T.macro
+def _combine_sums(sums, at, count_of, before_of, num_experts):
+    """``count_of[e]``, ``before_of[e]`` <- the sums of the ``P`` partial sums of expert ``e``
+    (``_sum_groups``): a butterfly over the ``P`` consecutive lanes of the expert (xor offsets
+    below ``P`` stay inside its aligned segment of the warp; ``P`` is uniform, so every lane
+    takes part in each shuffle), then lane ``q == 0`` stores.  One writer per expert."""
+    for i in T.unroll(5):
+        if T.shift_left(1, i) < at[2]:
+            sums[0] = sums[0] + T.call_extern(T.int32, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), sums[0],
+                                              T.shift_left(1, i))
+            sums[1] = sums[1] + T.call_extern(T.int32, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), sums[1],
+                                              T.shift_left(1, i))
+    if at[0] < num_experts and at[1] == 0:
+        count_of[at[0]] = sums[0]
+        before_of[at[0]] = sums[1]
 
 
 @T.macro
@@ -413,7 +431,7 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
     ``e`` in blocks before ``b`` is the sum of the rows of the last blocks of the groups before
     ``g``, plus the row of block ``b - 1`` when it is in group ``g``; ``c[e]`` is the sum of the
     rows of the last blocks of all groups (``_sum_groups``: the block's threads in parallel over
-    experts and groups, their loads issued with the first counting step's, then shared atomics).
+    experts and groups, their loads issued with the first counting step's, then warp shuffles).
     A scan of ``a`` gives ``start``; ``base[e] = start[e]`` + the count in earlier blocks; the
     block places its pieces in flat order (``__match_any_sync`` per group of 32 over the warp's
     running count, as ``_place_step``); the grid shares the padding rows, block 0 writes the
@@ -446,20 +464,17 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
     begin = T.alloc_var(T.int32)
     end = T.alloc_var(T.int32)
 
-    # this warp's row of the histogram, zeroed (only the warp itself touches it until the barrier);
-    # the sums' shared accumulators, zeroed (added to after the barrier)
+    # this warp's row of the histogram, zeroed (only the warp itself touches it until the barrier)
     for j in T.serial(T.ceildiv(num_experts, 32)):
         if j * 32 + lane < num_experts:
             hist[warp * MAX_EXPERTS + j * 32 + lane] = 0
-    if tid < num_experts:
-        count_of[tid] = 0
-        before_of[tid] = 0
     T.sync_warp()
 
-    # the sums' split of the threads (non-negative operands: truncating division)
-    at[2] = T.truncdiv(THREADS, T.max(num_experts, 1))
-    at[0] = T.truncmod(tid, T.max(num_experts, 1))
-    at[1] = T.truncdiv(tid, T.max(num_experts, 1))
+    # the sums' split of the threads: P = the largest power of two <= min(THREADS / experts, 32)
+    # lanes per expert (non-negative operands: truncating division)
+    at[2] = T.shift_left(1, 31 - T.call_extern(T.int32, "__clz", T.min(T.truncdiv(THREADS, T.max(num_experts, 1)), 32)))
+    at[0] = T.truncdiv(tid, at[2])
+    at[1] = T.truncmod(tid, at[2])
     at[3] = T.truncdiv(nblocks - 1, group) + 1
     at[4] = T.truncdiv(bx, group)
 
@@ -488,9 +503,7 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
         _count_step(hist, experts, warp)
     T.sync_threads()
     if phase != 0:
-        if num_experts > 0 and at[1] < at[2]:
-            T.atomic_add(count_of[at[0]], sums[0])
-            T.atomic_add(before_of[at[0]], sums[1])
+        _combine_sums(sums, at, count_of, before_of, num_experts)
 
     # column e -> exclusive prefix over the block's warps; `acc` the range's count of e
     acc = 0
@@ -503,7 +516,7 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
         if tid < num_experts:
             scratch[bx * num_experts + tid] = acc
     else:
-        T.sync_threads()  # the sums' atomics
+        T.sync_threads()  # count_of, before_of
         lv[0] = 0
         if tid < num_experts:
             lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
