@@ -76,10 +76,16 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const CopyGeometry g = geometry(p, c);
-  // rows per padding-check block: whole warps of flags, about two blocks per SM (each block
-  // zeroes its padding rows with all its threads, so when most rows are padding the rows per
-  // block are SM time)
-  const int64_t pad_span = std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
+  // rows per padding-check block (whole warps of flags, 32 to 256). Each block zeroes its padding
+  // rows with all its threads, so when many rows are padding the rows per block are SM time:
+  // rows past the most routed pairs (num_tokens * num_topk) are padding or unused for sure, and
+  // when they are many (the no-sync bound at decode: 3840 of 4864) the rows spread over about
+  // two blocks per SM. Otherwise 256 rows per block: few flag-only blocks beside the copy (at
+  // decode, 4 beside 128 copy blocks: one block per SM).
+  const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
+  const int64_t pad_span = sure_padding * 8 < p.num_rows
+      ? c.threads
+      : std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
   const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
   // the kernel's thread indices (block * span + thread over the copy, then (block - copy blocks)
   // * pad_span + row over the padding check) are 32-bit

@@ -30,7 +30,8 @@ grid has two parts, told apart by the block index (uniform per block):
   row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor and at most 8
   vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Blocks ``[copy_blocks, num_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
-  256, a multiple of 32: the host spreads the rows over about two blocks per SM).  The block
+  256, a multiple of 32: the host's choice, about two blocks per SM when many rows are
+  surely padding, else 256).  The block
   takes its rows 32 at a time: every warp loads the same 32 ``pos_to_expert`` flags (one
   cached line) and ballots them, so each warp holds the same mask without shared memory or a
   barrier, and the whole block zeroes each padding row among them in turn (16-byte stores, 4 KB
