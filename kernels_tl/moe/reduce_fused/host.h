@@ -5,10 +5,18 @@
 
 namespace tka::moe_reduce_fused::reduce_fused {
 
+// The burst kernel's layout (kernel.py: BURST_VECTORS x 16 bytes of a row per thread,
+// BURST_THREADS, BURST_BLOCKS_PER_SM; kernel_args checks them against the chosen kernel's
+// constants): one thread per (token, 32-byte slice of its row).
+constexpr int64_t kBurstBytesPerLane = 32;
+constexpr int64_t kBurstThreads = 128;
+constexpr int64_t kBurstBlocksPerSm = 4;
+
 struct Plan {
   int64_t num_rows, hidden, num_tokens, num_topk;
   int64_t sms;  // the device's SMs (132 for a tensor off CUDA)
   bool e4m3;
+  bool burst;  // the burst kernel's grid is resident at once (else the stream kernel)
 };
 
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
@@ -35,8 +43,13 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   TKA_CHECK(!a.sf.present || a.sf.shape[0] >= 1, "sf", "must hold the output scale (shape [1]), got an empty tensor");
   p.sms = plan_sm_count(op, a.x.device);
   if (p.sms < 0) return false;  // the device query failed (error set)
+  // The burst kernel when its grid (one thread per 32-byte slice of every token's row; hidden
+  // % 256 == 0 makes the slices exact) fits in one wave; the stream kernel's one wave otherwise.
+  const int64_t burst_items = p.num_tokens * (p.hidden * dtype_bytes(a.x.dtype) / kBurstBytesPerLane);
+  p.burst = (burst_items + kBurstThreads - 1) / kBurstThreads <= p.sms * kBurstBlocksPerSm;
   c.in_dtype = a.x.dtype;
   c.out_dtype = p.e4m3 ? E4M3 : a.x.dtype;
+  c.path = p.burst ? "burst" : "stream";
   return true;
 }
 
@@ -47,11 +60,18 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hidden > 0; }
 
 inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+  TKA_CHECK(c.burst == 0 || (c.elements_per_lane * dtype_bytes(a.x.dtype) == kBurstBytesPerLane &&
+                             c.threads == kBurstThreads && c.blocks_per_sm == kBurstBlocksPerSm),
+            "x", "cannot run: the burst kernel's layout (%lld elements per thread, %lld threads, %lld blocks per SM) "
+            "differs from the host's", static_cast<long long>(c.elements_per_lane), static_cast<long long>(c.threads),
+            static_cast<long long>(c.blocks_per_sm));
   const int64_t lanes = p.hidden / c.elements_per_lane;
-  // a grid of at most one wave (every block resident at once); each thread walks its items
-  // (token, lane) with a stride of the grid's threads
   const int64_t items = p.num_tokens * lanes;
-  const int64_t blocks = std::min<int64_t>((items + c.threads - 1) / c.threads, p.sms * c.blocks_per_sm);
+  // burst: one thread per item (token, lane), a grid the plan found resident at once; stream: a
+  // grid of at most one wave (every block resident at once), each thread walking its items with
+  // a stride of the grid's threads
+  const int64_t all_blocks = (items + c.threads - 1) / c.threads;
+  const int64_t blocks = c.burst ? all_blocks : std::min<int64_t>(all_blocks, p.sms * c.blocks_per_sm);
   TKA_CHECK(items + blocks * c.threads <= 2147483647, "token_topk_to_pos", "has too many rows for one launch");
   TKA_CHECK(aligned(o.out.data, 16), "out", "must start 16-byte aligned");
   k.x = a.x.data;
