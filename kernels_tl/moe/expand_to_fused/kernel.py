@@ -31,10 +31,11 @@ grid has two parts, told apart by the block index (uniform per block):
   vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
 * Blocks ``[copy_blocks, num_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
   256, a multiple of 32: the host's choice, about two blocks per SM when many rows are
-  surely padding, else 256).  The block
-  takes its rows 32 at a time: every warp loads the same 32 ``pos_to_expert`` flags (one
-  cached line) and ballots them, so each warp holds the same mask without shared memory or a
-  barrier, and the whole block zeroes each padding row among them in turn (16-byte stores, 4 KB
+  surely padding, else 256).  Each thread
+  loads its lane's ``pos_to_expert`` flag of every group of 32 rows at once (one round trip;
+  every warp loads the same lines), and per group every warp ballots the same 32 flags, so
+  each warp holds the same mask without shared memory or a barrier, and the whole block
+  zeroes each padding row among them in turn (16-byte stores, 4 KB
   per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
   (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
   that is not padding costs a 4-byte load, not a thread per 16-byte lane.
@@ -102,7 +103,7 @@ def expand_to_fused_kernel():
             buf = T.alloc_local((VPT, 4), T.uint32)
             words = T.alloc_local((SFW,), T.uint32)
             pos = T.alloc_local((KC,), T.int32)
-            padding = T.alloc_var(T.int32)
+            flags = T.alloc_local((THREADS // 32,), T.int32)
             mask = T.alloc_var(T.uint32)
             count = T.alloc_var(T.int32)
             slot = T.alloc_var(T.int32)
@@ -148,27 +149,30 @@ def expand_to_fused_kernel():
             else:
                 # ---- the padding check: 32 rows at a time, the block zeroes each padding row
                 lane = tid % 32
-                for g in T.serial(pad_span // 32):
-                    prow = (bid - copy_blocks) * pad_span + g * 32  # the group's first row
-                    padding = 0
-                    if prow + lane < num_rows:
-                        if pos_to_expert[prow + lane] < 0:
-                            padding = 1
-                    # every warp ballots the same 32 flags (the branch is uniform per block)
-                    mask = T.Cast(T.uint32, T.ballot(padding != 0))
-                    # the count fixed before the loop: a bound over `mask` itself would be
-                    # re-evaluated after each row has consumed its bit
-                    count = T.call_extern(T.int32, "__popc", mask)
-                    for r in T.serial(count):
-                        slot = T.call_extern(T.int32, "__ffs", mask) - 1
-                        mask = mask & (mask - T.uint32(1))
-                        row = prow + slot
-                        for v in T.serial(T.ceildiv(row_vecs, THREADS)):
-                            if tid + v * THREADS < row_vecs:
-                                for u in T.vectorized(4):
-                                    out[row, tid + v * THREADS, u] = T.uint32(0)
-                        for s in T.serial(T.ceildiv(sf_cols, THREADS)):
-                            if tid + s * THREADS < sf_cols:
-                                out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
+                # every group's flag of this lane loaded at once (one round trip, not one per group)
+                for g in T.unroll(THREADS // 32):
+                    flags[g] = 0
+                    if g * 32 < pad_span and (bid - copy_blocks) * pad_span + g * 32 + lane < num_rows:
+                        if pos_to_expert[(bid - copy_blocks) * pad_span + g * 32 + lane] < 0:
+                            flags[g] = 1
+                for g in T.unroll(THREADS // 32):
+                    if g * 32 < pad_span:
+                        prow = (bid - copy_blocks) * pad_span + g * 32  # the group's first row
+                        # every warp ballots the same 32 flags (the branch is uniform per block)
+                        mask = T.Cast(T.uint32, T.ballot(flags[g] != 0))
+                        # the count fixed before the loop: a bound over `mask` itself would be
+                        # re-evaluated after each row has consumed its bit
+                        count = T.call_extern(T.int32, "__popc", mask)
+                        for r in T.serial(count):
+                            slot = T.call_extern(T.int32, "__ffs", mask) - 1
+                            mask = mask & (mask - T.uint32(1))
+                            row = prow + slot
+                            for v in T.serial(T.ceildiv(row_vecs, THREADS)):
+                                if tid + v * THREADS < row_vecs:
+                                    for u in T.vectorized(4):
+                                        out[row, tid + v * THREADS, u] = T.uint32(0)
+                            for s in T.serial(T.ceildiv(sf_cols, THREADS)):
+                                if tid + s * THREADS < sf_cols:
+                                    out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
 
     return expand_to_fused

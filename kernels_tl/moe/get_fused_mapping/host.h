@@ -25,10 +25,10 @@ struct Plan {
 constexpr int64_t kSmallEntries = 8192;
 // The passes path's most blocks and its budget of per-block counts (kernel.py: MAX_GRID,
 // SCRATCH_BUDGET; checked in kernel_args): the grid is at most
-// min(MAX_GRID, max(SCRATCH_BUDGET / num_experts, 1)) blocks (128 up to 256 experts), and the
-// scratch holds one row of num_experts counts for each of that many blocks.
+// min(MAX_GRID, max(SCRATCH_BUDGET / num_experts, 1)) blocks, and the scratch holds the counts
+// of that many blocks for every expert.
 constexpr int64_t kMaxGrid = 128;
-constexpr int64_t kScratchBudget = 32768;
+constexpr int64_t kScratchBudget = 16384;
 
 inline int64_t most_blocks(int64_t num_experts) {
   return std::min<int64_t>(std::max<int64_t>(kScratchBudget / std::max<int64_t>(num_experts, 1), 1), kMaxGrid);

@@ -36,10 +36,9 @@ most ``SMALL_GROUPS`` groups of 32):
 
 ``path="passes"`` (more entries): the host launches the kernel twice (``phase`` 0, then 1) over
 the same grid of up to ``MAX_GRID`` blocks, each owning a contiguous chunk of the entries, with
-a scratch buffer of per-block counts between them: launch 0 counts (each block its group of
-blocks' entries up to the end of its own chunk), launch 1 waits for it (the
-programmatic-dependent-launch wait), sums one row of counts per group, computes the layout and
-places its chunk; see ``_passes_body``.
+a scratch buffer of per-block counts between them: launch 0 counts, launch 1 waits for it (the
+programmatic-dependent-launch wait), sums the counts, computes the layout and places its chunk;
+see ``_passes_body``.
 
 Every output element has exactly one writer.  All counts and rows are int32: the host
 refuses layouts of 2^31 - 2^18 rows or more.  Nothing else is static: one cubin per path
@@ -62,17 +61,10 @@ UNROLL = 8  # passes path: loads in flight per lane (64 KiB per block)
 STEP = 32 * UNROLL  # passes path: entries a warp takes per step
 # passes path: at most this many blocks (one wave of full-SM blocks on a 132- or 148-SM part) ...
 MAX_GRID = 128
-# ... and at most this many per-block counts (blocks x experts) in the scratch: 128 blocks up to
-# 256 experts, 85 at 384, 32 at 1024
-SCRATCH_BUDGET = 32768
-# passes path, groups of consecutive blocks: the count launch's block b counts its group's entries
-# up to the end of its own chunk, so a placing block sums one row of counts per group (plus one of
-# its own group) instead of one per block.  Groups are made just large enough that those rows hold
-# at most SUM_BUDGET counts (4 per thread), and no larger than GROUP_ENTRIES entries (what the
-# count launch's last block of a group reads: 64 KiB)
-SUM_BUDGET = 4096
-GROUP_ENTRIES = 8192
-SUM_UNROLL = 4  # passes path: scratch loads per thread in flight while summing
+# ... and at most this many counts (blocks x experts) for each placing block to sum (64 KiB
+# from L2): 128 blocks up to 128 experts, 64 at 256, 16 at 1024
+SCRATCH_BUDGET = 16384
+EXPERT_UNROLL = 4  # passes path: experts per warp whose counts are in flight together
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
 # so TileLang's extra guards are left out.
@@ -276,8 +268,8 @@ def _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
 
 
 def _passes_most_blocks(num_experts):
-    """The most blocks of the passes path for ``num_experts``: MAX_GRID, fewer when the
-    ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
+    """The most blocks of the passes path for ``num_experts``: MAX_GRID, fewer when every
+    placing block's read of the ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
     return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), MAX_GRID)
 
 
@@ -291,12 +283,6 @@ def _passes_grid(num_elements, num_experts):
     """Blocks of the passes path: ``ceil(num_elements / chunk)`` (written without ``num_elements +
     chunk``, which could pass int32), at least 1, at most ``_passes_most_blocks``."""
     return T.max(T.floordiv(num_elements - 1, _passes_chunk(num_elements, num_experts)) + 1, 1)
-
-
-def _passes_group(nblocks, chunk, num_experts):
-    """Blocks per group of the passes path: ``ceil(blocks * experts / SUM_BUDGET)`` (so one row
-    per group holds at most SUM_BUDGET counts), at most ``GROUP_ENTRIES // chunk``, at least 1."""
-    return T.max(T.min(T.ceildiv(nblocks * num_experts, SUM_BUDGET), T.floordiv(GROUP_ENTRIES, chunk)), 1)
 
 
 @T.macro
@@ -359,50 +345,32 @@ def _count_step(hist, experts, warp):
 
 
 @T.macro
-def _sum_groups(scratch, parts, sums, at, nblocks, group, bx, num_experts):
-    """This thread's share of the place launch's sums over the scratch (``scratch[r * experts +
-    e]``: the count of expert ``e`` in block ``r``'s group up to the end of block ``r``'s chunk):
-    ``sums[0]`` <- part of ``c[e]``, ``sums[1]`` <- part of the count of ``e`` in blocks before
-    ``bx``.  ``at = [e, q, P, groups, bx's group]``: ``P`` consecutive threads of a warp per
-    expert (a power of two, at most 32 and at most ``THREADS / experts``), thread ``e * P + q``
-    taking expert ``e`` and the groups ``q`` modulo ``P``, a group's row being its last block's;
-    thread ``q == 0`` adds the row of block ``bx - 1`` when that block is in ``bx``'s group.
-    ``SUM_UNROLL`` rows per thread in flight; the ``P`` partial sums of an expert are combined
-    by ``_combine_sums`` (warp shuffles, no shared atomics)."""
-    sums[0] = 0
-    sums[1] = 0
-    sums[2] = 0
-    if at[0] < num_experts and at[1] == 0 and bx > at[4] * group:
-        sums[2] = scratch[(bx - 1) * num_experts + at[0]]
-    if at[0] < num_experts:
-        for j in T.serial(T.truncdiv(T.truncdiv(at[3] - at[1] + at[2] - 1, at[2]) + SUM_UNROLL - 1, SUM_UNROLL)):
-            for u in T.unroll(SUM_UNROLL):  # all loads in flight before the first use
-                parts[u] = 0
-                if (j * SUM_UNROLL + u) * at[2] + at[1] < at[3]:
-                    parts[u] = scratch[T.min(((j * SUM_UNROLL + u) * at[2] + at[1]) * group + group, nblocks)
-                                       * num_experts - num_experts + at[0]]
-            for u in T.unroll(SUM_UNROLL):
-                sums[0] = sums[0] + parts[u]
-                if (j * SUM_UNROLL + u) * at[2] + at[1] < at[4]:
-                    sums[1] = sums[1] + parts[u]
-    sums[1] = sums[1] + sums[2]
-
-
-@T.macro
-def _combine_sums(sums, at, count_of, before_of, num_experts):
-    """``count_of[e]``, ``before_of[e]`` <- the sums of the ``P`` partial sums of expert ``e``
-    (``_sum_groups``): a butterfly over the ``P`` consecutive lanes of the expert (xor offsets
-    below ``P`` stay inside its aligned segment of the warp; ``P`` is uniform, so every lane
-    takes part in each shuffle), then lane ``q == 0`` stores.  One writer per expert."""
-    for i in T.unroll(5):
-        if T.shift_left(1, i) < at[2]:
-            sums[0] = sums[0] + T.call_extern(T.int32, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), sums[0],
-                                              T.shift_left(1, i))
-            sums[1] = sums[1] + T.call_extern(T.int32, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), sums[1],
-                                              T.shift_left(1, i))
-    if at[0] < num_experts and at[1] == 0:
-        count_of[at[0]] = sums[0]
-        before_of[at[0]] = sums[1]
+def _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts):
+    """``count_of[e]`` <- the sum of the counts of expert ``e`` over the grid's blocks
+    (``scratch[e * nblocks + r]``, written by the counting launch), ``before_of[e]`` <- the sum
+    over blocks ``r < bx``.  Warp ``WARPS - 1 - w`` takes the experts ``w (mod WARPS)``
+    (the last warps have the fewest entries to count), its lanes the blocks ``lane + 32 k``;
+    ``EXPERT_UNROLL`` experts per warp and step have their loads in flight together (coalesced:
+    an expert's counts are contiguous); a warp-wide reduction per expert."""
+    for j in T.serial(T.ceildiv(num_experts, WARPS * EXPERT_UNROLL)):
+        for q in T.unroll(EXPERT_UNROLL):
+            for k in T.unroll(MAX_GRID // 32):
+                parts[q * (MAX_GRID // 32) + k] = 0
+                if (j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp) < num_experts and lane + k * 32 < nblocks:
+                    parts[q * (MAX_GRID // 32) + k] = scratch[((j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp))
+                                                              * nblocks + lane + k * 32]
+        for q in T.unroll(EXPERT_UNROLL):
+            sums[0] = 0
+            sums[1] = 0
+            for k in T.unroll(MAX_GRID // 32):
+                sums[0] = sums[0] + parts[q * (MAX_GRID // 32) + k]
+                if lane + k * 32 < bx:
+                    sums[1] = sums[1] + parts[q * (MAX_GRID // 32) + k]
+            sums[0] = T.call_extern(T.int32, "__reduce_add_sync", T.uint32(0xFFFFFFFF), sums[0])
+            sums[1] = T.call_extern(T.int32, "__reduce_add_sync", T.uint32(0xFFFFFFFF), sums[1])
+            if lane == 0 and (j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp) < num_experts:
+                count_of[(j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp)] = sums[0]
+                before_of[(j * EXPERT_UNROLL + q) * WARPS + (WARPS - 1 - warp)] = sums[1]
 
 
 @T.macro
@@ -410,38 +378,29 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
                  num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements, num_rows, num_experts, bx,
                  tid, warp, lane):
     """The passes path: launch ``phase`` (0: count, 1: place) of ``_passes_grid()`` blocks of
-    ``THREADS`` threads; the grid, the chunks and the groups are the same in both launches.
-    Block ``b`` owns the flat entries ``[b * chunk, (b + 1) * chunk)`` (``_passes_chunk``); the
-    blocks form groups of ``S`` consecutive blocks (``_passes_group``), block ``b`` being in
-    group ``g = b // S``.
+    ``THREADS`` threads; the grid and the split of the entries are the same in both launches.
+    Block ``b`` owns the flat entries ``[b * chunk, (b + 1) * chunk)`` (``_passes_chunk``), its
+    warp ``w`` the ``w``-th contiguous piece of them (a multiple of 32 long), so the order of
+    (block, warp, position in piece) is the flat order.
 
-    Both launches first count a range of entries: launch 0 the range ``[g * S * chunk,
-    (b + 1) * chunk)`` (its group's entries up to the end of its own chunk), launch 1 its own
-    chunk.  Warp ``w`` takes the ``w``-th contiguous piece of the range (a multiple of 32
-    long), so the order of (block, warp, position in piece) is the flat order; each warp walks
-    its piece ``STEP`` entries at a time (``UNROLL`` coalesced 8-byte loads per lane in flight)
-    and adds each routed entry to its own row of the shared histogram ``hist[warp][expert]``;
-    the ids of the first step stay in registers.  Thread ``e`` then turns column ``e`` into
-    exclusive prefix sums over the warps, its total being the range's count of expert ``e``.
+    Both launches first count: each warp walks its piece ``STEP`` entries at a time
+    (``UNROLL`` coalesced 8-byte loads per lane in flight) and adds each routed entry to its own
+    row of the shared histogram ``hist[warp][expert]``; the ids of the first step stay in
+    registers.  Thread ``e`` then turns column ``e`` into exclusive prefix sums over the warps,
+    its total being the block's count of expert ``e``.
 
-    Launch 0 writes that count to ``scratch[b * experts + e]`` (every element of the grid's
-    rows: the scratch needs no zeroing) and ends.  Launch 1 waited for launch 0 to complete
-    (the programmatic-dependent-launch wait at the kernel's start: ``griddepcontrol.wait``
-    returns once the previous grid has completed and its writes are visible).  The count of
-    ``e`` in blocks before ``b`` is the sum of the rows of the last blocks of the groups before
-    ``g``, plus the row of block ``b - 1`` when it is in group ``g``; ``c[e]`` is the sum of the
-    rows of the last blocks of all groups (``_sum_groups``: the block's threads in parallel over
-    experts and groups, their loads issued with the first counting step's, then warp shuffles).
-    A scan of ``a`` gives ``start``; ``base[e] = start[e]`` + the count in earlier blocks; the
-    block places its pieces in flat order (``__match_any_sync`` per group of 32 over the warp's
-    running count, as ``_place_step``); the grid shares the padding rows, block 0 writes the
-    per-expert outputs."""
+    Launch 0 writes that count to ``scratch[e * blocks + b]`` (every element: the scratch
+    needs no zeroing) and ends.  Launch 1 waited for launch 0 to complete (the
+    programmatic-dependent-launch wait at the kernel's start: ``griddepcontrol.wait`` returns
+    once the previous grid has completed and its writes are visible); it sums the counts
+    (``_sum_counts``: ``c[e]`` and the count in earlier blocks), scans ``a`` (``start``), keeps
+    ``base[e] = start[e]`` + the count in earlier blocks, and places its pieces in flat order
+    (``__match_any_sync`` per group of 32 over the warp's running count, as ``_place_step``);
+    the grid shares the padding rows, block 0 writes the per-expert outputs."""
     nblocks = T.alloc_var(T.int32)  # the grid (the launch computes the same expression)
     nblocks = _passes_grid(num_elements, num_experts)
     chunk = T.alloc_var(T.int32)
     chunk = _passes_chunk(num_elements, num_experts)
-    group = T.alloc_var(T.int32)
-    group = _passes_group(nblocks, chunk, num_experts)
 
     hist = T.alloc_shared((WARPS * MAX_EXPERTS,), T.int32)  # [warp][expert]
     totals = T.alloc_shared((WARPS,), T.int32)  # the scan's per-warp totals, then sum(a)
@@ -454,9 +413,8 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
     values = T.alloc_local((UNROLL,), T.int64)
     kept = T.alloc_local((UNROLL,), T.int32)  # expert ids of the first step
     experts = T.alloc_local((UNROLL,), T.int32)
-    parts = T.alloc_local((SUM_UNROLL,), T.int32)
-    sums = T.alloc_local((3,), T.int32)
-    at = T.alloc_local((5,), T.int32)  # _sum_groups: [e, q, threads per expert, groups, bx's group]
+    parts = T.alloc_local((EXPERT_UNROLL * (MAX_GRID // 32),), T.int32)
+    sums = T.alloc_local((2,), T.int32)
     token = T.alloc_local((4,), T.int32)
     lv = T.alloc_local((4,), T.int32)
     acc = T.alloc_var(T.int32)
@@ -470,29 +428,16 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
             hist[warp * MAX_EXPERTS + j * 32 + lane] = 0
     T.sync_warp()
 
-    # the sums' split of the threads: P = the largest power of two <= min(THREADS / experts, 32)
-    # lanes per expert (non-negative operands: truncating division)
-    at[2] = T.shift_left(1, 31 - T.call_extern(T.int32, "__clz", T.min(T.truncdiv(THREADS, T.max(num_experts, 1)), 32)))
-    at[0] = T.truncdiv(tid, at[2])
-    at[1] = T.truncmod(tid, at[2])
-    at[3] = T.truncdiv(nblocks - 1, group) + 1
-    at[4] = T.truncdiv(bx, group)
-
-    # this warp's piece [begin, end) of the block's range (64-bit: b * chunk may pass int32)
-    own_begin = T.Cast("int64", bx) * T.Cast("int64", chunk)
-    group_begin = T.Cast("int64", bx - T.truncmod(bx, group)) * T.Cast("int64", chunk)
-    block_begin = T.min(T.if_then_else(phase == 0, group_begin, own_begin), T.Cast("int64", num_elements))
-    block_end = T.min(own_begin + T.Cast("int64", chunk), T.Cast("int64", num_elements))
-    piece = T.Cast("int64", T.ceildiv(T.ceildiv(block_end - block_begin, T.int64(32)), T.int64(WARPS)) * 32)
+    # this warp's piece [begin, end) of the block's chunk (64-bit: b * chunk may pass int32)
+    block_begin = T.min(T.Cast("int64", bx) * T.Cast("int64", chunk), T.Cast("int64", num_elements))
+    block_end = T.min(block_begin + T.Cast("int64", chunk), T.Cast("int64", num_elements))
+    piece = T.Cast("int64", T.ceildiv(T.ceildiv(chunk, 32), WARPS) * 32)
     begin = T.Cast("int32", T.min(block_begin + T.Cast("int64", warp) * piece, block_end))
     end = T.Cast("int32", T.min(T.Cast("int64", begin) + piece, block_end))
     steps = T.ceildiv(end - begin, STEP)
 
-    # count; the first step's ids stay in `kept`; the place launch's scratch loads go out with the
-    # first step's
+    # count; the first step's ids stay in `kept`
     _load_step(topk_idx, values, begin, end, lane, 0)
-    if phase != 0:
-        _sum_groups(scratch, parts, sums, at, nblocks, group, bx, num_experts)
     for u in T.unroll(UNROLL):
         kept[u] = _expert_of(values[u], num_experts)
     _count_step(hist, kept, warp)
@@ -501,11 +446,11 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
         for u in T.unroll(UNROLL):
             experts[u] = _expert_of(values[u], num_experts)
         _count_step(hist, experts, warp)
-    T.sync_threads()
     if phase != 0:
-        _combine_sums(sums, at, count_of, before_of, num_experts)
+        _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
+    T.sync_threads()
 
-    # column e -> exclusive prefix over the block's warps; `acc` the range's count of e
+    # column e -> exclusive prefix over the block's warps; `acc` the block's count of e
     acc = 0
     if tid < num_experts:
         for w in T.serial(WARPS):
@@ -514,9 +459,8 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
             acc = acc + cnt
     if phase == 0:
         if tid < num_experts:
-            scratch[bx * num_experts + tid] = acc
+            scratch[tid * nblocks + bx] = acc
     else:
-        T.sync_threads()  # count_of, before_of
         lv[0] = 0
         if tid < num_experts:
             lv[0] = T.ceildiv(count_of[tid], alignment) * alignment

@@ -70,17 +70,9 @@ SAMPLES = [
     _drawn("passes path: 8200 entries (the fewest), 40 experts", 1025, 8, 40, 8, -1, "T * 8 + 40 * 7"),
     _drawn("passes path: 1024 experts, two steps per warp", 20000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
     _routed("passes path: the most blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
-    # the groups of blocks (kernel.py: _passes_group): the MoE layer's no-sync call (128 blocks of 512
-    # entries in 16 groups of 8); 1024 experts at 16384 entries (32 blocks in 4 groups of 8); 300
-    # experts (not a multiple of 32: 3 threads per expert) at 12000 entries (94 blocks in groups of 7,
-    # the last of 3); 8200 entries over 256 experts (86 blocks in groups of 6, the last of 2); 256
-    # experts at 320000 entries (groups of 3 capped by GROUP_ENTRIES: 43 group rows, 11 per thread,
-    # three rounds of loads)
+    # the MoE layer's no-sync call (tile_kernels_aot.moe_layer at 8192 tokens): 64 blocks of 1024
+    # entries (the grid capped by 16384 // 256)
     _routed("MoE layer: 256 experts, alignment 16, no-sync rows at the bound", 8192, 8, 256, 16, "T * 8 + 256 * 15"),
-    _drawn("passes path: 1024 experts, groups of 8 blocks", 2048, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
-    _drawn("passes path: 300 experts, groups of 7 blocks, the last of 3", 2000, 6, 300, 16, -1, "T * 6 + 300 * 15"),
-    _drawn("passes path: 8200 entries, 256 experts, repeats and -1", 1025, 8, 256, 16, -1, "T * 8 + 256 * 15"),
-    _routed("passes path: 256 experts, 320000 entries, groups capped by entries", 40000, 8, 256, 16, unrouted=0.1),
 ]
 
 SCHEMA = Schema(
@@ -99,10 +91,10 @@ SCHEMA = Schema(
                   Out("expert_start", dtype="'int32'", shape="[num_experts]"),
                   Out("expert_end", dtype="'int32'", shape="[num_experts]"),
                   Out("num_tokens_per_expert", dtype="'int32'", shape="[num_experts]")],
-            # the passes path's per-block counts [block][expert] (host.h: num_experts x the grid's most
+            # the passes path's per-block counts [expert][block] (host.h: num_experts x the grid's most
             # blocks; none for the blocks path), written by the count launch, read by the place launch
             scratch=[Out("scratch", dtype="'int32'",
-                         shape="[num_experts * max(min(32768 // max(num_experts, 1), 128), 1) "
+                         shape="[num_experts * max(min(16384 // max(num_experts, 1), 128), 1) "
                                "if topk_idx.shape[0] * topk_idx.shape[1] > 8192 else 0]")],
             launches=True,
             returns=["pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
