@@ -7,6 +7,8 @@
 # and the bench; everything lands in $OUT (gpu-tests.log, gpu-summary.txt, memcheck.log, racecheck.log,
 # synccheck.log, bench.json, bench.md, block.md: the compiled MoE block; layer.md: the routed MoE layer in one CUDA graph;
 # modeling.md: the Engram gate's training step and one layer's mHC path).
+# TKA_TEST_FILES: which tests/gpu files to run (default: all); TKA_SKIP_TESTS, TKA_SKIP_MEMCHECK,
+# TKA_SKIP_BENCH: leave a part out.
 # TKA_BENCH_SITE: extra import path for the bench only, so that it times TileKernels' JIT kernels
 # beside ours: a folder, or the .tar.xz that wheels/tilekernels_site.sh makes (unpacked here
 # first); the tests never see it.
@@ -26,7 +28,10 @@ if [[ ${TKA_SKIP_TESTS:-0} != 1 ]]; then
   # one process per test file: a kernel fault (a device-side assert poisons the CUDA context)
   # fails its own file only; gpu-tests.log holds every file's output, the summary one line each
   : > "$OUT/gpu-tests.log"
-  for file in "$repo"/tests/gpu/test_*.py; do
+  # TKA_TEST_FILES: the test files to run (names or globs under tests/gpu, space-separated),
+  # so that the whole pass can be split into several shorter runs on the GPU machine
+  for file in $(cd "$repo/tests/gpu" && ls ${TKA_TEST_FILES:-test_*.py}); do
+    file=$repo/tests/gpu/$file
     CUDA_DISABLE_PTX_JIT=1 python3 -m pytest -q -p no:cacheprovider --maxfail=40 --rootdir "$repo" "$file" \
       ${TKA_PYTEST_ARGS:-} > "$OUT/file.log" 2>&1
     rc=$?
