@@ -204,6 +204,43 @@ def test_a_wrapped_op_is_exported_as_its_wrapper_over_the_kernel_op():
             alignment=16)
 
 
+def test_get_fused_mapping_wrapper_modes(monkeypatch):
+    """The wrapper's result per mode, over a stand-in kernel op (the device is not needed):
+    without a sync (rows given, or force_no_sync) the kernel op's seven tensors and an empty
+    list, for rows passed by position or keyword; in sync mode the row outputs trimmed to the
+    sum of the aligned counts and the counts as a list; given row outputs are returned whole."""
+    if "moe.get_fused_mapping" not in IDS:
+        pytest.skip("no get_fused_mapping in this build")
+    from tile_kernels_aot import _C, wrappers
+
+    calls = []
+
+    def kernel_op(*args, **kwargs):
+        calls.append((args, kwargs))
+        rows = args[2] if len(args) > 2 else kwargs.get("num_expanded_tokens", 0)
+        rows = rows or 12  # sync mode: the most rows the layout can need
+        return (torch.arange(rows), torch.arange(rows), torch.arange(rows), torch.zeros(2, 2),
+                torch.zeros(3), torch.zeros(3), torch.tensor([4, 0, 4]))
+
+    monkeypatch.setattr(_C.moe, "get_fused_mapping", kernel_op)
+    idx = torch.zeros(2, 2, dtype=torch.int64)
+    for args, kwargs, rows in (((idx, 3, 10, 4), {}, 10), ((idx, 3), {"num_expanded_tokens": 10, "alignment": 4}, 10),
+                               ((idx, 3, 0, 4, True), {}, 12), ((idx, 3, 0, 4), {"force_no_sync": True}, 12)):
+        calls.clear()
+        result = wrappers.get_fused_mapping(*args, **kwargs)
+        assert isinstance(result, tuple) and len(result) == 8 and result[7] == []
+        assert len(calls) == 1 and calls[0][0] is not None and len(calls[0][0]) == len(args)
+        assert calls[0][1] == kwargs  # the arguments reach the kernel op unchanged
+        assert result[0].shape[0] == rows
+    result = wrappers.get_fused_mapping(idx, 3, 0, 4)
+    assert len(result) == 8 and result[7] == [4, 0, 4]
+    assert [t.shape[0] for t in result[:3]] == [8, 8, 8]
+    given = torch.empty(9)
+    result = wrappers.get_fused_mapping(idx, 3, 0, 4, pos_to_expert=given)
+    assert calls[-1][1]["force_no_sync"] is True and calls[-1][0][2] == 9  # a no-sync launch over the given rows
+    assert result[0].shape[0] == 9 and result[7] == [4, 0, 4]
+
+
 def test_unpack_from_e2m1fn_x2_takes_leading_dims_and_a_torch_dtype():
     """quant.unpack_from_e2m1fn_x2: the public function is a thin wrapper carrying the
     reference's signature (a torch.dtype default) over the kernel op; any rank >= 1 and
