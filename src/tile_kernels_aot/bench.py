@@ -279,7 +279,10 @@ def bench_op(record, sample, copy_tbs):
         "input_sets": sets,
     }
     if n <= HOST_LOOP_TOKENS:
-        call_out = _direct_call(fn, args, {**kwargs, **out_sets[0]})
+        # the outputs of input set 0 with that set's arguments: a sample whose output shapes follow
+        # its drawn data (a routing's exact rows) does not fit another draw's outputs
+        args0, kwargs0 = inputs[0]
+        call_out = _direct_call(fn, args0, {**kwargs0, **out_sets[0]})
         # Two baselines: plain cuLaunchKernel, and the op's own launch (cuLaunchKernelEx as a
         # programmatic dependent), which also overlaps the previous kernel's tail on the GPU;
         # at small shapes a loop of either can be bound by the GPU rather than the host.  The
@@ -287,7 +290,7 @@ def bench_op(record, sample, copy_tbs):
         # out= (made right before them), never one into freed outputs.
         rounds = _rounds_us({
             "out": (call_out, None),
-            "alloc": (_direct_call(fn, args, kwargs), None),
+            "alloc": (_direct_call(fn, args0, kwargs0), None),
             "bare_plain": (lambda: _C._replay_last_launch(1), call_out),
             "bare_dependent": (lambda: _C._replay_last_launch(1, True), call_out),
         })
