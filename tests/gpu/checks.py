@@ -1,6 +1,18 @@
-"""What the GPU tests check with: prebuilt configs, poisoned outputs, bitwise comparison."""
+"""What the GPU tests check with: prebuilt configs, poisoned outputs, special input values,
+bitwise comparison."""
 
 import torch
+
+# the edge harness's special values, written in place into a float tensor
+SPECIALS = {
+    "nan": lambda t: t.view(-1)[::97].fill_(float("nan")),
+    "inf": lambda t: (t.view(-1)[::89].fill_(float("inf")), t.view(-1)[5::89].fill_(float("-inf"))),
+    "negative_zero": lambda t: t.view(-1)[::3].fill_(-0.0),
+    "denormal": lambda t: t.view(-1)[::2].mul_(1e-39),
+    "all_equal_rows": lambda t: t[::2].fill_(1.75),
+    "all_zero_rows": lambda t: t[::2].zero_(),
+    "format_max": lambda t: (t.view(-1)[::5].fill_(448.0), t.view(-1)[1::5].fill_(-6.0)),
+}
 
 
 def prebuilt_configs(kernel: str) -> list:

@@ -12,7 +12,7 @@ import torch
 
 from tile_kernels_aot import samples
 
-from checks import assert_bits_equal, assert_matches
+from checks import SPECIALS, assert_bits_equal, assert_matches
 from ops import OPS, function, outputs_by_name, qualname, reference
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -45,12 +45,13 @@ def _named_args(record, args, kwargs):
     return list(zip(names, args)) + list(kwargs.items())
 
 
-def _assert_matches_reference(record, args, kwargs, result, what):
+def _assert_matches_reference(record, args, kwargs, result, what, unchecked=()):
     expected = outputs_by_name(record, reference(record)(*args, **kwargs))
     got = outputs_by_name(record, result)
     assert set(got) == set(expected), what
     for name in got:
-        assert_matches(record, name, got[name], expected[name], f"{what} {name}")
+        if name not in unchecked:
+            assert_matches(record, name, got[name], expected[name], f"{what} {name}")
 
 
 # ---- huge: past 2^31 elements and 2^31 bytes ---------------------------------------------
@@ -114,24 +115,14 @@ def test_huge_inputs_are_exact_or_refused(record, sample, gen):
     torch.cuda.empty_cache()
 
 
-# ---- special values ----------------------------------------------------------------------
-
-SPECIALS = {
-    "nan": lambda t: t.view(-1)[::97].fill_(float("nan")),
-    "inf": lambda t: (t.view(-1)[::89].fill_(float("inf")), t.view(-1)[5::89].fill_(float("-inf"))),
-    "negative_zero": lambda t: t.view(-1)[::3].fill_(-0.0),
-    "denormal": lambda t: t.view(-1)[::2].mul_(1e-39),
-    "all_equal_rows": lambda t: t[::2].fill_(1.75),
-    "all_zero_rows": lambda t: t[::2].zero_(),
-    "format_max": lambda t: (t.view(-1)[::5].fill_(448.0), t.view(-1)[1::5].fill_(-6.0)),
-}
-
+# ---- special values (checks.SPECIALS) ----------------------------------------------------
 
 @pytest.mark.parametrize("special", sorted(SPECIALS))
 @pytest.mark.parametrize("record,sample", _first_samples())
 def test_special_values_match_the_reference(record, sample, special, gen):
     """NaN, +-Inf, -0.0, denormals, constant and zero rows, values at the formats' maxima in
-    every float input: bit for bit against the reference (docs/ops.md states each op's NaN rule)."""
+    every float input: bit for bit against the reference (docs/ops.md states each op's NaN rule),
+    but for the outputs an op declares ill-conditioned under that input (Op.ill_conditioned)."""
     tokens = samples.token_counts(record, min(sample["tokens"], 512))[0]
     args, kwargs = samples.make_args(sample, tokens, gen)
     touched = False
@@ -142,7 +133,8 @@ def test_special_values_match_the_reference(record, sample, special, gen):
     if not touched:
         pytest.skip("no float input")
     result = function(record)(*args, **kwargs)
-    _assert_matches_reference(record, args, kwargs, result, f"{qualname(record)} {special}")
+    _assert_matches_reference(record, args, kwargs, result, f"{qualname(record)} {special}",
+                              unchecked=(record.get("ill_conditioned") or {}).get(special, ()))
 
 
 # ---- layouts -----------------------------------------------------------------------------

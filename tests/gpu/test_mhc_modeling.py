@@ -16,7 +16,7 @@ from tile_kernels_aot import manifest, modeling_paths, samples
 from tile_kernels_aot.modeling.mhc.ops import _impl
 from tile_kernels_aot.torch import mhc as ref
 
-from checks import assert_bits_equal, prebuilt_configs
+from checks import SPECIALS, assert_bits_equal, prebuilt_configs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -67,6 +67,29 @@ def test_pre_big_fuse_kernel_equals_the_chained_kernels(sample):
     for name, a, b in zip(("post_mix", "comb_mix", "layer_input"), again, want):
         assert a is outs[name]
         assert_bits_equal(a, b, f"{sample['name']}: {name} (out=)")
+
+
+@pytest.mark.parametrize("special", sorted(SPECIALS))
+def test_pre_big_fuse_special_values_equal_the_chained_kernels(special):
+    """The edge harness's special values in residual and fn (NaN, infinities, values at the
+    formats' maxima, which make Sinkhorn's comb_mix a discontinuous function of the mixes:
+    Op.ill_conditioned): the fused op gives the bits of its four steps' kernels chained."""
+    from tile_kernels_aot import mhc
+
+    for name in ("mhc_pre_big_fuse",) + STEPS:
+        if not hasattr(mhc, name):
+            pytest.skip(f"this build lacks {name}")
+    sample = next((s for s in _FUSED_SAMPLES if samples.is_prebuilt(_FUSED, s)), None)
+    if sample is None:
+        pytest.skip("not prebuilt")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    args, kwargs = samples.make_args(sample, min(sample["tokens"], 512), g)
+    for tensor in args[:2]:  # residual, fn
+        SPECIALS[special](tensor)
+    got = mhc.mhc_pre_big_fuse(*args, **kwargs)
+    want = _chained_kernels(mhc, *args, **kwargs)
+    for name, a, b in zip(("post_mix", "comb_mix", "layer_input"), got, want):
+        assert_bits_equal(a, b, f"{special}: {name}")
 
 
 @pytest.mark.parametrize("tokens", [128, 8192])
