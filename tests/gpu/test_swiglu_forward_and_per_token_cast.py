@@ -29,7 +29,9 @@ def test_matches_reference(config, options, round_sf, gen):
     if packed and not round_sf:
         pytest.skip("packed UE8M0 scale factors are powers of two: round_sf is required")
     if config["plain"] != (options == "plain"):
-        pytest.skip("the call picks the other `plain` config")
+        # (counted clamps of bf16 run plain = 2, pos_to_expert alone with packed factors plain = 3:
+        # those calls are made here under the plain = 0 configs)
+        pytest.skip("the call picks another `plain` config")
     per_row = config["max_row_hidden"] != 0
     # 640 and 1408: the last 512-channel block is partly past the row (1 and 3 groups)
     for hidden in ([640, 1408, 2048, 7168] if not per_row else [1024, 4096]):
@@ -64,29 +66,34 @@ def test_matches_reference(config, options, round_sf, gen):
                 assert torch.equal(counts["ours"], counts["ref"]), f"{what}: counts {counts}"
 
 
-def _grouped_bf16_format():
-    formats = [c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0]
+def _grouped_bf16_format(kernel="plain"):
+    """An sf format of a bf16 grouped config that a call with no option (``plain``) or with
+    pos_to_expert alone runs: the kernel with the option flags (``options``; packed UE8M0 calls
+    of this form take the routed kernel) or the routed kernel (``routed``, plain = 3)."""
+    formats = [c["sf_format"] for c in CONFIGS if c["in_dtype"] == "bfloat16" and c["max_row_hidden"] == 0
+               and c["plain"] == {"plain": 1, "options": 0, "routed": 3}[kernel]
+               and (kernel != "options" or c["sf_format"] != "ue8m0_col")]
     if not formats:
-        pytest.skip("no bf16 grouped config prebuilt")
+        pytest.skip(f"no bf16 grouped config prebuilt for the {kernel} kernel")
     return formats[0]
 
 
 @pytest.mark.parametrize("sf_clamp_min", [None, 1e-30])
-@pytest.mark.parametrize("plain", [True, False])
-def test_every_bf16_gate_value(sf_clamp_min, plain, gen):
+@pytest.mark.parametrize("kernel", ["plain", "options", "routed"])
+def test_every_bf16_gate_value(sf_clamp_min, kernel, gen):
     """Every bf16 bit pattern as the SiLU input: the kernel's divide must round exactly like
     the reference's on each, give -0 at and below -87.5 (-inf included), +inf for +inf and
     NaN for NaN (whose groups get NaN factors).  |l| >= 2^100 (whose product with the right
-    half could overflow to inf) is replaced by 0.  ``plain=False`` takes the kernel with the
-    option flags (every row kept through ``pos_to_expert``)."""
-    col, packed = FORMS[_grouped_bf16_format()]
+    half could overflow to inf) is replaced by 0.  ``options`` takes the kernel with the
+    option flags, ``routed`` the routed kernel (every row kept through ``pos_to_expert``)."""
+    col, packed = FORMS[_grouped_bf16_format(kernel)]
     left = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
     keep = (left.float().abs() < 2.0**100) | torch.isinf(left) | torch.isnan(left)
     left = torch.where(keep, left, torch.zeros_like(left)).view(64, 1024)
     right = (torch.randn(64, 1024, generator=gen, device="cuda")).to(torch.bfloat16)
     x = torch.cat([left, right], dim=1).contiguous()
     kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed, sf_clamp_min=sf_clamp_min)
-    if not plain:
+    if kernel != "plain":
         kwargs["pos_to_expert"] = torch.zeros(64, dtype=torch.int32, device="cuda")
     expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
     got, got_sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
@@ -113,7 +120,7 @@ def test_gate_values_around_the_flush(config, gen):
     for clamp in ([None, -70.0] if config["plain"] == 0 else [None]):
         kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed,
                       swiglu_clamp_value=clamp, sf_clamp_min=1e-30)
-        if config["plain"] == 0 and clamp is None:
+        if config["plain"] in (0, 3) and clamp is None:
             kwargs["pos_to_expert"] = torch.zeros(n, dtype=torch.int32, device="cuda")
         expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", npc, **kwargs)
         got, got_sf = quant.swiglu_forward_and_per_token_cast(x, "e4m3", npc, **kwargs)
@@ -121,14 +128,14 @@ def test_gate_values_around_the_flush(config, gen):
         assert_bits_equal(got_sf, expected_sf, f"{_ids(config)} clamp={clamp} sf")
 
 
-@pytest.mark.parametrize("plain", [True, False])
-def test_more_than_65535_row_blocks(plain, gen):
+@pytest.mark.parametrize("kernel", ["plain", "options", "routed"])
+def test_more_than_65535_row_blocks(kernel, gen):
     """262145 rows: 65537 blocks of 4 rows, past one grid column (they go to blockIdx.z)."""
-    col, packed = FORMS[_grouped_bf16_format()]
+    col, packed = FORMS[_grouped_bf16_format(kernel)]
     n, hidden = 4 * 65536 + 1, 128
     x = (torch.randn(n, 2 * hidden, generator=gen, device="cuda") * 3).to(torch.bfloat16)
     kwargs = dict(use_tma_aligned_col_major_sf=col, round_sf=packed, use_packed_ue8m0=packed)
-    if not plain:
+    if kernel != "plain":
         kwargs["pos_to_expert"] = torch.randint(-1, 2, (n,), generator=gen, device="cuda", dtype=torch.int32)
     expected, expected_sf = ref.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kwargs)
     out, out_sf = _poisoned_like(expected), _poisoned_like(expected_sf)

@@ -37,8 +37,12 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   // one group per row: the smallest multiple of 8192 that holds the row
   c.max_row_hidden = npc == 128 ? 0 : align_up(p.hidden, 8192);
   // no optional input: the kernel with the option flags compiled out; counted clamps of bf16
-  // in groups of 128: the kernel whose grid is the resident blocks (plain = 2)
+  // in groups of 128: the kernel whose grid is the resident blocks (plain = 2); bf16 in groups
+  // of 128 with pos_to_expert and packed UE8M0 factors, no other option: the routed kernel (3)
   c.plain = (a.pos_to_token_topk.present || a.pos_to_expert.present || !a.swiglu_clamp_value_is_none) ? 0 : 1;
+  if (a.pos_to_expert.present && !a.pos_to_token_topk.present && a.swiglu_clamp_value_is_none &&
+      a.use_packed_ue8m0 && npc == 128 && a.x.dtype == BF16)
+    c.plain = 3;
   p.sms = 0;
   if (a.clamped_count.present && npc == 128 && a.x.dtype == BF16) {
     c.plain = 2;

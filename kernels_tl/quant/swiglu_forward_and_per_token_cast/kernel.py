@@ -16,7 +16,7 @@ and per row and scale group (128 channels, or the whole row)::
     round_sf: sf = 2^ceil(log2(a / 448)) (exponent bits), out = e4m3(v * 2^-that)
 
 Options: ``pos_to_token_topk``/``topk_weights`` (``w = topk_weights.view(-1)[pos]``,
-0 for ``pos < 0``), ``pos_to_expert`` (rows < 0 are neither read nor counted;
+0 for ``pos < 0``), ``pos_to_expert`` (rows < 0 are neither used nor counted;
 their ``out`` and sf are written as zeros), the clamp and its counters
 (``clamped_count`` [3] int64: ``l > c``, ``r > c``, ``r < -c`` before clamping),
 ``round_sf``.  Clamps are selects and the group max is ``max.NaN``, so NaN propagates
@@ -57,9 +57,19 @@ counts are bf16x2 compare masks summed and decoded by one ``dp2a`` per counter a
 row, a finite positive-bf16 clamp runs on the packed pairs with a divide that skips
 the infinity check, and the group's factor divides ``a / 448`` once.
 
+The MoE form, bf16 in groups of 128 with ``pos_to_expert`` alone and packed UE8M0
+factors (``plain = 3``, the routed kernel), runs the group layout with every other
+option compiled out: the row's ``pos_to_expert`` is loaded with its inputs and tested
+after its math (a skipped row's inputs are read and dropped), so no load waits for
+it; the factor divides ``a / 448`` once (``group_factors``, as the counted kernel);
+32 registers, 64 warps per SM.  Its row costs what a row of the no-option kernel does
+(about 490 SASS instructions per warp on sm_90a, against about 570 on the ``plain =
+0`` path it replaces).
+
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
-{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1), and
-bf16 x the three group formats with ``plain = 2``: 19 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
+{(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1),
+bf16 x the three group formats with ``plain = 2``, and bf16 packed UE8M0 with
+``plain = 3``: 20 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
 (95% of its copy bandwidth).  Measurements and alternatives: ``notes.md``.
 """
 
@@ -95,6 +105,9 @@ PREFETCH_MAX_LANES = 65536
 # factors (its gather needs more); sm_100a's code 48; fp32 input holds twice the raw data (64).
 REGISTER_CAP = {("bfloat16", "sm_90a"): 32, ("bfloat16", "sm_90a", "ue8m0_col"): 40}
 REGISTER_CAP_DEFAULT = {"bfloat16": 48, "float32": 64}
+# The routed kernel (no option but pos_to_expert, its factor divided once) needs no more than 32
+# on either arch (no spills): 64 warps per SM.
+ROUTED_REGISTER_CAP = 32
 ROW_THREADS = 256  # per-row mode: one row per block
 # Counted kernel (``plain = 2``): blocks of ROWS_PER_BLOCK warps, this many per SM (40
 # registers, 48 warps per SM as the group kernel's packed UE8M0 config), a grid of at most that
@@ -110,6 +123,7 @@ SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
 FAST_FINITE = 2  # `fast` of swiglu_values: the fast divide for l that cannot be infinite
 COUNTED = 2  # the `plain` value of the clamp-counting kernel (bf16, groups of 128)
+ROUTED = 3  # the `plain` value of the routed kernel (pos_to_expert only, bf16, packed UE8M0)
 BF16X2_SIGNS = 0x80008000
 # l at or below which the quotient is -0 by contract (expf(-l) >= 2^126 there)
 SILU_ZERO_BELOW = -87.5
@@ -381,12 +395,15 @@ def host_constants(in_dtype: str, sf_format: str, max_row_hidden: int, plain: in
 def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int):
     assert in_dtype in ("bfloat16", "float32"), in_dtype
     assert sf_format in SF_FORMATS, sf_format
-    assert plain in (0, 1, COUNTED), plain
+    assert plain in (0, 1, COUNTED, ROUTED), plain
     per_row = max_row_hidden > 0
     if per_row:
         assert sf_format == "fp32", "one group per row supports row-major fp32 sf only"
     if plain == COUNTED:
         assert in_dtype == "bfloat16" and not per_row, "the counted kernel is bf16, groups of 128"
+    if plain == ROUTED:
+        assert in_dtype == "bfloat16" and sf_format == "ue8m0_col" and not per_row, \
+            "the routed kernel is bf16, groups of 128, packed UE8M0 factors"
     elem_bytes = 2 if in_dtype == "bfloat16" else 4
 
     num_tokens = T.dynamic("num_tokens")
@@ -412,7 +429,7 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
     if per_row:
         body = _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks)
     else:
-        body = _group_body(in_dtype, sf_format, num_tokens, hidden_blocks)
+        body = _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=plain == ROUTED)
 
     @T.prim_func
     def swiglu_forward_and_per_token_cast(
@@ -430,7 +447,8 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
         round_sf: T.int32,
         sf_clamp_min: T.float32,
     ):
-        # plain (no optional input): the flags are compile-time zeros, one straight-line copy
+        # plain (no optional input; the routed kernel reads pos_to_expert on its own): the
+        # flags are compile-time zeros, one straight-line copy
         body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
              0 if plain else has_weights, 0 if plain else has_pos_to_expert, CLAMP_NONE if plain else clamp_mode,
              swiglu_clamp_value, round_sf, sf_clamp_min)
@@ -455,11 +473,11 @@ def _target_arch() -> str:
     return str(target.attrs.get("arch", ""))
 
 
-def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
+def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
     threads = ROWS_PER_BLOCK * WARP
     arch = _target_arch()
-    registers = REGISTER_CAP.get((in_dtype, arch, sf_format),
-                                 REGISTER_CAP.get((in_dtype, arch), REGISTER_CAP_DEFAULT[in_dtype]))
+    registers = ROUTED_REGISTER_CAP if routed else REGISTER_CAP.get(
+        (in_dtype, arch, sf_format), REGISTER_CAP.get((in_dtype, arch), REGISTER_CAP_DEFAULT[in_dtype]))
     min_blocks = 65536 // (registers * threads)  # the SM's register file
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
@@ -496,6 +514,9 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             sf = T.alloc_var(T.float32)
             sf_inv = T.alloc_var(T.float32)
             sf_exp = T.alloc_var(T.uint32)
+            if routed:
+                expert = T.alloc_var(T.int32)
+                sf_q = T.alloc_var(T.float32)
             for j in T.unroll(3):
                 counts[j] = 0
 
@@ -504,6 +525,10 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
             if has_pos_to_expert != 0 and keep:
                 keep = pos_to_expert[row] >= 0
             if keep:  # warp-uniform
+                if routed:
+                    # loaded with the row and tested after its math: no load waits for it
+                    # (a skipped row's inputs are read, never used)
+                    expert = pos_to_expert[row]
                 w = T.float32(1.0)
                 if has_weights != 0:
                     pos = pos_to_token_topk[row]
@@ -531,14 +556,23 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks):
                 # the 8 lanes of a group hold one row's 128 channels: xor 1, 2, 4 stays inside
                 for s in T.unroll(3):
                     amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
-                sf_val, sf_inv_val, sf_exp_val = scale_factor(
-                    amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
-                sf = sf_val
-                sf_inv = sf_inv_val
-                sf_exp = sf_exp_val
+                if routed:
+                    group_factors(amax, sf_clamp_min, round_sf, sf_format, sf_q, sf, sf_inv, sf_exp)
+                else:
+                    sf_val, sf_inv_val, sf_exp_val = scale_factor(
+                        amax, sf_clamp_min, True if sf_format == "ue8m0_col" else round_sf != 0)
+                    sf = sf_val
+                    sf_inv = sf_inv_val
+                    sf_exp = sf_exp_val
                 for i in T.vectorized(V):
                     q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)  # cvt.rn.satfinite
-            else:
+                if routed:
+                    if expert < 0:  # a skipped row: zero bytes and zero scale factors
+                        sf = T.float32(0.0)
+                        sf_exp = T.uint32(0)
+                        for i in T.vectorized(V):
+                            q[i] = T.reinterpret(T.uint8(0), T.float8_e4m3fn)
+            elif not routed:  # (past the last row the routed kernel leaves q unset: nothing is stored)
                 # a skipped row (pos_to_expert < 0) or none: zero bytes and zero scale factors
                 sf = T.float32(0.0)
                 sf_exp = T.uint32(0)
@@ -658,6 +692,27 @@ def _rounds(sf_format, finite, round_sf):
     """The factor is rounded to a power of two: always for packed UE8M0, else with round_sf;
     only where ``a / 448`` is ``finite``."""
     return finite if sf_format == "ue8m0_col" else T.And(finite, round_sf != 0)
+
+
+@T.macro
+def group_factors(amax: T.Ref, sf_clamp_min, round_sf, sf_format, sf_q: T.Ref, sf: T.Ref, sf_inv: T.Ref,
+                  sf_exp: T.Ref):
+    """A group's factors from its max |v| ``amax`` (a var, overwritten): ``scale_factor``'s
+    rules with ``a / 448`` divided once (``scale_factor`` as an expression tree is divided
+    again by each of its uses): a = max(amax, sf_clamp_min), sf = a / 448 and sf_inv = 448 / a,
+    or rounded up to 2^(e - 127) and 2^(127 - e) (e the biased exponent of the rounded a / 448)
+    where a / 448 is finite (UE8M0 byte 0xFF and the unrounded factors otherwise).  The
+    arguments passed by reference are vars."""
+    amax = max_nan(amax, sf_clamp_min)
+    sf_q = T.ieee_fdiv(amax, T.float32(FP8_MAX))
+    sf_exp = T.if_then_else(_is_finite(sf_q), (T.reinterpret(sf_q, T.uint32) + T.uint32(0x7FFFFF))
+                            >> T.uint32(23), T.uint32(0xFF))
+    if _rounds(sf_format, _is_finite(sf_q), round_sf):
+        sf = T.reinterpret(sf_exp << T.uint32(23), T.float32)
+        sf_inv = T.reinterpret((T.uint32(254) - sf_exp) << T.uint32(23), T.float32)
+    else:
+        sf = sf_q
+        sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), amax)
 
 
 def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape, sf_dtype):
@@ -801,20 +856,7 @@ def _counted_kernel(sf_format, num_tokens, hidden_blocks, num_weights, sf_shape,
                         amax = max_nan(amax, T.abs(v[i]))
                     for s in T.unroll(3):  # the group's 8 lanes
                         amax = max_nan(amax, T.shfl_xor(amax, 1 << s))
-                    # scale_factor's rules with a / 448 divided once: a = max(amax, sf_clamp_min),
-                    # sf = a / 448 and sf_inv = 448 / a, or rounded up to 2^(e - 127) and
-                    # 2^(127 - e) (e the biased exponent of the rounded a / 448) where a / 448 is
-                    # finite (UE8M0 byte 0xFF and the unrounded factors otherwise)
-                    amax = max_nan(amax, sf_clamp_min)
-                    sf_q = T.ieee_fdiv(amax, T.float32(FP8_MAX))
-                    sf_exp = T.if_then_else(_is_finite(sf_q), (T.reinterpret(sf_q, T.uint32) + T.uint32(0x7FFFFF))
-                                            >> T.uint32(23), T.uint32(0xFF))
-                    if _rounds(sf_format, _is_finite(sf_q), round_sf):
-                        sf = T.reinterpret(sf_exp << T.uint32(23), T.float32)
-                        sf_inv = T.reinterpret((T.uint32(254) - sf_exp) << T.uint32(23), T.float32)
-                    else:
-                        sf = sf_q
-                        sf_inv = T.ieee_fdiv(T.float32(FP8_MAX), amax)
+                    group_factors(amax, sf_clamp_min, round_sf, sf_format, sf_q, sf, sf_inv, sf_exp)
                     for i in T.vectorized(V):
                         q[i] = T.Cast(T.float8_e4m3fn, v[i] * sf_inv)
                 else:  # skipped or past the end: zeros

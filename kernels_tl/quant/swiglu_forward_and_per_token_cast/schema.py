@@ -1,7 +1,8 @@
 """quant.swiglu_forward_and_per_token_cast: one kernel per (input dtype, scale-factor format,
 row mode, plain); the token count, hidden size and the options' values are run-time values.
 ``plain`` configs have the option flags compiled out: calls without optional inputs run them;
-``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), see kernel.py."""
+``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), ``plain = 3`` the routed
+kernel (bf16, groups of 128, pos_to_expert alone, packed UE8M0), see kernel.py."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Routed, Routing, Sample, Schema, Str, Tensor
 
