@@ -1,10 +1,11 @@
-"""``cp.async`` helpers shared by the Engram gate kernels (device source for ``T.import_source``).
+"""``cp.async`` helpers shared by the Engram gate kernels and ``mhc.multilayer_recompute``
+(device source for ``T.import_source``).
 
-Each thread copies 16-byte pieces from global memory into its own slots of shared memory
-(``cp.async.cg``: L2 only, no register staging, so a thread can have all of its pieces in
-flight at once), closes groups of copies with ``commit``, and waits with ``wait(n)`` until at
-most ``n`` of its groups are still in flight.  A thread only reads the slots it filled itself,
-so the wait alone (no barrier) makes them visible.  ``wait`` takes a run-time count for the
+Each thread copies 16-byte pieces (``cp.async.cg``: L2 only) or 4-byte words (``cp.async.ca``)
+from global memory into slots of shared memory, with no register staging, so a thread can have
+all of its copies in flight at once; it closes groups of copies with ``commit`` and waits with
+``wait(n)`` until at most ``n`` of its groups are still in flight.  The wait alone makes a
+thread's own copies visible to it; slots other threads read need a barrier after the wait.  ``wait`` takes a run-time count for the
 kernels' unrolled loops (a constant there after unrolling, so the switch folds away); it is a
 compiler memory barrier, so shared-memory reads written after it stay after it.
 """
@@ -17,6 +18,10 @@ DEVICE_SOURCE = r"""
 __device__ __forceinline__ void tka_cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void tka_cp_async_4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void tka_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -49,6 +54,13 @@ def copy16(dst, src):
     """One 16-byte copy (an expression for ``T.evaluate``): ``dst`` a shared-memory element,
     ``src`` a global one (BufferLoads)."""
     return T.call_extern("void", "tka_cp_async_16", T.address_of(dst), T.address_of(src))
+
+
+def copy4(dst, src_address):
+    """One 4-byte copy (an expression for ``T.evaluate``): ``dst`` a shared-memory element (a
+    BufferLoad), ``src_address`` the address of a global one (``T.address_of`` of a BufferLoad,
+    or a choice among such addresses)."""
+    return T.call_extern("void", "tka_cp_async_4", T.address_of(dst), src_address)
 
 
 @T.macro

@@ -53,13 +53,9 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
                 # each thread reads its slots after its own wait
                 "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True}
 
-# 4-byte copies for the unaligned path (cp.async.ca: the 4-byte form); 1-D bulk copies and
-# mbarriers for the aligned path.
+# 1-D bulk copies and mbarriers for the aligned path (the unaligned path's 4-byte copies:
+# cp_async.copy4).
 DEVICE_SOURCE = r"""
-__device__ __forceinline__ void tka_cp_async_4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ unsigned tka_smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -96,10 +92,6 @@ __device__ __forceinline__ void tka_gwr_proxy_fence() {
 """
 
 
-def _copy4(dst, src):
-    return T.call_extern("void", "tka_cp_async_4", T.address_of(dst), T.address_of(src))
-
-
 @T.macro
 def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, tid):
     """4-byte form: group ``group``'s rows of the thread's columns into its ring slot, then one
@@ -108,7 +100,8 @@ def _issue(ring, grad_w_partial, group, num_rows, num_cols, col0, tid):
         if group * ROWS + u < num_rows:
             for i in T.unroll(VEC):
                 if col0 + i < num_cols:
-                    T.evaluate(_copy4(ring[group % STAGES, u, tid * VEC + i], grad_w_partial[group * ROWS + u, col0 + i]))
+                    T.evaluate(cp_async.copy4(ring[group % STAGES, u, tid * VEC + i],
+                                              T.address_of(grad_w_partial[group * ROWS + u, col0 + i])))
     cp_async.commit()
 
 

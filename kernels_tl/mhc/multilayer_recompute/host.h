@@ -110,7 +110,9 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   static void* KernelArgs::* const kResidual[] = TKA_LAYER_FIELDS(residual);
   TKA_CHECK(c.max_layers == kLayersPerLaunch, "pre_mix_list", "cannot run: the kernel takes %lld layers per launch, "
             "the host expects %d", (long long)c.max_layers, kLayersPerLaunch);
-  TKA_CHECK(p.num_tokens * (p.hidden / 8) <= 2147483647 - 256, "initial_residual", "has too many elements for one launch");
+  // the kernel's 32-bit thread index runs over 32 lanes per started 32 pieces of every token
+  TKA_CHECK(p.num_tokens * ceil_div(p.hidden / 8, 32) * 32 <= 2147483647 - 256, "initial_residual",
+            "has too many elements for one launch");
   const int64_t first = launch * kLayersPerLaunch;
   const int64_t layers = std::min<int64_t>(p.num_layers - first, kLayersPerLaunch);
   // layers [first, first + layers) have posts up to num_post (a launch before the last has all)

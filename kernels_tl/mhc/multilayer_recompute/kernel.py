@@ -16,48 +16,66 @@ Design
 Bound by memory: per token ``2MH`` (initial streams) + per layer ``4M + 2H`` (pre mix, layer
 input) + per post ``2H + 4M + 4M^2 + 2MH`` (layer output, mixes, new streams), read or written
 once; the single-layer composition also reads the streams back every layer.  One thread per
-16-byte piece of a row (flat index over ``num_tokens * pieces``, as in ``post``): it loads its
+16-byte piece of a row, one warp per 32 pieces of one token (warp ``g`` of the grid: token
+``g / chunks``, pieces from ``32 (g % chunks)``, ``chunks = ceil(pieces / 32)``): a thread loads its
 ``M`` stream pieces once, then for each layer writes its layer-input piece and its ``M`` new
-stream pieces, keeping the streams in registers (updated in place, column by column).  The
-layer-output pieces are loaded two layers ahead (three register slots) and the token's mixes
-prefetched into L1 with them, read when the layer is computed, so each layer's loads overlap
-two layers of arithmetic and stores; 80 registers, 3 blocks of 256 threads per SM.
+stream pieces, keeping the streams in registers (updated in place, two columns at a time).
+
+Every other operand travels by ``cp.async`` into shared memory ``AHEAD`` layers before its use,
+holding no register while in flight: each thread's layer-output piece (a slot per thread) and the
+warp's token's mixes (one 4-byte copy per lane into a slot per warp, made visible to the warp by
+``__syncwarp``).  No layer waits on a load issued after the one before it (the first layer waits
+once, for its streams, layer output and mixes together), and at 64 registers 4 blocks of 256
+threads (32 warps) fit an SM.  The arithmetic reads a piece as four 32-bit words of two bf16 (the
+even value is the word shifted up 16, the odd one its high half: exact) and packs new pairs with
+``cvt.rn.bf16x2``, the instruction a bf16 cast of two values compiles to.
 
 The lists are passed by value: ``MAX_LAYERS`` pointer parameters per list (one kernel parameter
 each, unused ones null) and the run-time counts ``num_layers`` (1 ..  MAX_LAYERS) and
-``num_post`` (``num_layers`` or ``num_layers - 1``).  The layer loop is unrolled at trace time
-with each layer guarded by the counts, so a launch needs no device-side pointer table and is
-CUDA-graph capturable; a call with more layers runs chained launches (``host.h``).  No static dim
-but ``M``; the token count and hidden size are run-time values.
+``num_post`` (``num_layers`` or ``num_layers - 1``).  The layer loop is unrolled at trace time,
+each layer guarded by the counts, and a thread ends after its launch's last layer; a launch needs no
+device-side pointer table and is CUDA-graph capturable; a call with more layers runs chained
+launches (``host.h``).  No static dim but ``M``; the token count and hidden size are run-time
+values.
 """
 
 from tilelang import language as T
 
+from kernels_tl import fp_pack
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.engram import cp_async
 from kernels_tl.mhc import streams
 from kernels_tl.mhc.streams import PIECE, THREADS
 
-PASS_CONFIGS = streams.PASS_CONFIGS
+# a warp's mix slots are ordered by T.sync_warp() (no block barrier is ever needed)
+PASS_CONFIGS = {**streams.PASS_CONFIGS, "tl.disable_thread_storage_sync": True}
 
 MAX_LAYERS = 16  # layers per launch: the pointer parameters of each list below (host.h: kLayersPerLaunch)
-LO_AHEAD = 2  # layers a layer-output piece is loaded ahead of its use (LO_AHEAD + 1 register slots)
-MIN_BLOCKS_PER_SM = 3  # <= 80 registers: the streams, the layer-output slots, one layer's mixes
+AHEAD = 2  # layers whose layer-output pieces and mixes are in flight beyond the one computed
+# shared slots per thread (layer outputs) and per warp (mixes), layer i in slot i % SLOTS: the slot
+# refilled at layer i was last read at layer i - 2, which every lane of the warp finished before it
+# passed layer i - 1's __syncwarp, so that one barrier per layer orders the slot's reads and refill
+SLOTS = AHEAD + 2
+MIN_BLOCKS_PER_SM = 4  # <= 64 registers: the streams and one layer's mixes (nothing in flight holds one)
+WARP = 32
+WORDS = PIECE // 2  # a 16-byte piece as 32-bit words of two bf16 (the even value in the low half)
 
-# an L1 prefetch of the line holding `p` (a hint: no register); a 16-byte store from a thread's
-# registers that stays one 16-byte store (nvcc splits some into four 4-byte stores when the four
-# words are not in an aligned register quad: one move each is cheaper)
+# the address of a lane's mix word: pre, post or comb (lane < m, < 2m, else) plus the byte offset
+# the lane computed once (selects, no branch); the thread's end (TileLang distributes an if over
+# each statement it guards, so the unused layers of a launch would each still test their guards);
+# a 16-byte store from a thread's registers that stays one 16-byte store (nvcc splits some into
+# four 4-byte stores when the four words are not in an aligned register quad: one move each is
+# cheaper)
 DEVICE_SOURCE = r"""
-__device__ __forceinline__ void tka_prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
+__device__ __forceinline__ void* tka_mix_word(void* pre, void* post, void* comb, int lane, int m, long long offset) {
+  return static_cast<char*>(lane < m ? pre : lane < 2 * m ? post : comb) + offset;
+}
+__device__ __forceinline__ void tka_exit() { asm volatile("exit;"); }
 __device__ __forceinline__ void tka_store_16(void* dst, const void* src) {
   const uint4 v = *static_cast<const uint4*>(src);
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 """
-
-
-def prefetch_l1(elem):
-    """An L1 prefetch of the line holding ``elem`` (a global BufferLoad), for ``T.evaluate``."""
-    return T.call_extern("void", "tka_prefetch_l1", T.address_of(elem))
 
 
 def store_16(dst, src):
@@ -66,17 +84,29 @@ def store_16(dst, src):
     return T.call_extern("void", "tka_store_16", T.address_of(dst), T.address_of(src))
 
 
-def apply_mix_value_folded(xs, w, u, mhc_mult: int):
-    """``stream_math.apply_mix_value(xs, w, u, mhc_mult)`` bit for bit, with one add of zero
-    instead of one per accumulator: that function's accumulators start from ``+0``, so each is
-    its terms' sum up to the sign of a zero result and never ``-0`` (an IEEE round-to-nearest
-    sum is ``-0`` only when both operands are); equal-up-to-zero-sign operands give
-    equal-up-to-zero-sign sums, so its total is this function's unsigned-zero total, never
-    ``-0``, and ``total + 0`` (``-0 + 0 = +0``, any other value unchanged) is exactly it.  NaNs
-    propagate through both (the GPU's adds return the canonical NaN either way)."""
+def bf16_value(word, v: int):
+    """Value ``v`` (0: the low half, 1: the high half) of a word of two bf16, as float32 (exact)."""
+    bits = word << T.uint32(16) if v == 0 else word & T.uint32(0xFFFF0000)
+    return T.reinterpret(bits, T.float32)
+
+
+def column(rs, k, v: int, mhc_mult: int):
+    """The ``M`` streams' float32 values in column ``2 k + v`` of a piece (``rs``: [M, WORDS] words)."""
+    return [bf16_value(rs[m, k], v) for m in range(mhc_mult)]
+
+
+def apply_mix_value_folded(rs_u, w, mhc_mult: int):
+    """``stream_math.apply_mix_value`` of one value bit for bit (``rs_u``: the ``M`` streams'
+    float32 values), with one add of zero instead of one per accumulator: that function's
+    accumulators start from ``+0``, so each is its terms' sum up to the sign of a zero result and
+    never ``-0`` (an IEEE round-to-nearest sum is ``-0`` only when both operands are);
+    equal-up-to-zero-sign operands give equal-up-to-zero-sign sums, so its total is this
+    function's unsigned-zero total, never ``-0``, and ``total + 0`` (``-0 + 0 = +0``, any other
+    value unchanged) is exactly it.  NaNs propagate through both (the GPU's adds return the
+    canonical NaN either way)."""
     acc = [None] * 4
     for m in range(mhc_mult):
-        term = T.ieee_mul(T.cast(xs[m, u], T.float32), w[m])
+        term = T.ieee_mul(rs_u[m], w[m])
         acc[m % 4] = term if acc[m % 4] is None else T.ieee_add(acc[m % 4], term)
     total = acc[0]
     for k in range(1, min(4, mhc_mult)):
@@ -84,14 +114,15 @@ def apply_mix_value_folded(xs, w, u, mhc_mult: int):
     return T.ieee_add(total, T.float32(0))
 
 
-def post_value(xs, rs, pw, cw, n, u, mhc_mult: int):
-    """Value ``u`` of new stream ``n``: ``stream_math.post_piece``'s arithmetic for one value,
-    ``mixed = sum_m cw[m, n] * rs[m, u]`` as an FMA chain over ``m = 0, 1, ...`` from zero, then
-    ``(xs[u] * pw[n]) + mixed`` (two IEEE roundings) rounded to bf16."""
+def post_value(x, rs_u, pw, cw, n, mhc_mult: int):
+    """A value of new stream ``n`` before its bf16 rounding: ``stream_math.post_piece``'s
+    arithmetic for one value, ``mixed = sum_m cw[m, n] * rs_u[m]`` as an FMA chain over
+    ``m = 0, 1, ...`` from zero, then ``(x * pw[n]) + mixed`` (two IEEE roundings); ``x`` and
+    ``rs_u``: the layer output's and the ``M`` streams' float32 values."""
     mixed = T.float32(0)
     for m in range(mhc_mult):
-        mixed = T.fma(cw[m, n], T.cast(rs[m, u], T.float32), mixed)
-    return T.cast(T.ieee_add(T.ieee_mul(T.cast(xs[u], T.float32), pw[n]), mixed), T.bfloat16)
+        mixed = T.fma(cw[m, n], rs_u[m], mixed)
+    return T.ieee_add(T.ieee_mul(x, pw[n]), mixed)
 
 
 def host_constants(mhc_mult: int) -> dict:
@@ -100,15 +131,18 @@ def host_constants(mhc_mult: int) -> dict:
 
 def multilayer_recompute_kernel(mhc_mult: int):
     M = mhc_mult
+    MIXES = 2 * M + M * M  # a token's pre, post and comb mixes of one layer: one word per lane
+    WARPS = THREADS // WARP
+    assert MIXES <= WARP, "a warp copies its token's mixes one word per lane"
     num_tokens = T.dynamic("num_tokens")
     pieces = T.dynamic("pieces")
 
-    # one fresh buffer per parameter (TileLang calls a callable annotation)
+    # one fresh buffer per parameter (TileLang calls a callable annotation); bf16 rows as words
     def Streams():
-        return T.Tensor[(num_tokens, M, pieces, PIECE), T.bfloat16]
+        return T.Tensor[(num_tokens, M, pieces, WORDS), T.uint32]
 
     def Row():
-        return T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16]
+        return T.Tensor[(num_tokens, pieces, WORDS), T.uint32]
 
     def Mix():
         return T.Tensor[(num_tokens, M), T.float32]
@@ -117,6 +151,71 @@ def multilayer_recompute_kernel(mhc_mult: int):
         return T.Tensor[(num_tokens, M, M), T.float32]
 
     assert MAX_LAYERS == 16, "the parameter lists below spell out 16 layers"
+
+    @T.macro
+    def issue(j, ops, st, num_layers, num_post):
+        """Layer j's copies into its slots (no group closed): lane e < MIXES copies word e of
+        the warp's token's mixes (pre, post, comb; only pre for a layer without a post), each
+        thread its layer-output piece."""
+        pre, lo, post, comb = ops
+        lo_s, mix_s, token, piece, tid, warp, lane, mix_offset = st
+        if j < num_layers:
+            if lane < T.if_then_else(j < num_post, MIXES, M):
+                src = T.call_extern("handle", "tka_mix_word", T.address_of(pre[j][0, 0]),
+                                    T.address_of(post[j][0, 0]), T.address_of(comb[j][0, 0, 0]), lane, M,
+                                    mix_offset)
+                T.evaluate(cp_async.copy4(mix_s[j % SLOTS, warp, lane], src))
+        if j < num_post:
+            if piece < pieces:
+                T.evaluate(cp_async.copy16(lo_s[j % SLOTS, tid, 0], lo[j][token, piece, 0]))
+
+    @T.macro
+    def layer(i, ops, outs, st, regs, num_layers, num_post):
+        """Layer i, then the layers after it (a thread ends after its launch's last layer).
+        Layer i + AHEAD's copies go into the slots layer i - 2 read; one group per layer, so
+        layer i's have landed when at most AHEAD groups are in flight."""
+        li, res = outs
+        lo_s, mix_s, token, piece, tid, warp, lane, mix_offset = st
+        rs, xs, li_w, w, pw, cw = regs
+        s = i % SLOTS
+        if i + AHEAD < MAX_LAYERS:
+            issue(i + AHEAD, ops, st, num_layers, num_post)
+        cp_async.commit()
+        cp_async.wait(AHEAD)
+        T.sync_warp()  # the warp's mix copies of layer i, visible to every lane
+        if piece < pieces:
+            for m in T.vectorized(M):
+                w[m] = mix_s[s, warp, m]
+            if i < num_post:
+                for n in T.vectorized(M):
+                    pw[n] = mix_s[s, warp, M + n]
+                for m in T.unroll(M):
+                    for n in T.vectorized(M):
+                        cw[m, n] = mix_s[s, warp, 2 * M + m * M + n]
+                for k in T.vectorized(WORDS):
+                    xs[k] = lo_s[s, tid, k]
+                # column u of the layer input and of the new streams needs only column u of the
+                # old streams: each new pair of columns replaces the old pair in place
+                for k in T.unroll(WORDS):
+                    old = [column(rs, k, v, M) for v in (0, 1)]
+                    li_w[k] = fp_pack.bf16x2(*[apply_mix_value_folded(old[v], w, M) for v in (0, 1)])
+                    for n in list(range(M)):
+                        rs[n, k] = fp_pack.bf16x2(*[post_value(bf16_value(xs[k], v), old[v], pw, cw, n, M)
+                                                    for v in (0, 1)])
+                T.evaluate(store_16(li[i][token, piece, 0], li_w[0]))
+                for n in T.unroll(M):
+                    T.evaluate(store_16(res[i][token, n, piece, 0], rs[n, 0]))
+            else:  # the last layer, without a post
+                for k in T.unroll(WORDS):
+                    li_w[k] = fp_pack.bf16x2(*[apply_mix_value_folded(column(rs, k, v, M), w, M) for v in (0, 1)])
+                T.evaluate(store_16(li[i][token, piece, 0], li_w[0]))
+        if i + 1 < MAX_LAYERS:
+            # the end, with no copy in flight (layers >= num_layers have none); the next layer stays
+            # nested in its test too: without it ptxas spills in the layer bodies
+            if num_layers <= i + 1:
+                T.evaluate(T.call_extern("void", "tka_exit"))
+            if i + 1 < num_layers:
+                layer(i + 1, ops, outs, st, regs, num_layers, num_post)
 
     @T.prim_func
     def multilayer_recompute(
@@ -148,7 +247,7 @@ def multilayer_recompute_kernel(mhc_mult: int):
         num_layers: T.int32,
         num_post: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * pieces, THREADS), threads=THREADS) as bid:
+        with T.Kernel(T.ceildiv(num_tokens * T.ceildiv(pieces, WARP), WARPS), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.assume(pieces > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
@@ -188,60 +287,37 @@ def multilayer_recompute_kernel(mhc_mult: int):
                 residual_8, residual_9, residual_10, residual_11,
                 residual_12, residual_13, residual_14, residual_15,
             ]
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(cp_async.DEVICE_SOURCE + fp_pack.DEVICE_SOURCE + DEVICE_SOURCE)
             tid = T.get_thread_binding()
-            rs = T.alloc_local((M, PIECE), T.bfloat16)  # the streams' pieces, updated in place per layer
-            col = T.alloc_local((M,), T.bfloat16)  # value u of every new stream
-            acc = T.alloc_local((PIECE,), T.float32)
-            # the layer-output pieces in LO_AHEAD + 1 register slots (layer i in slot i % (LO_AHEAD + 1)),
-            # loaded LO_AHEAD layers ahead; the token's mixes are read when the layer is computed, from
-            # L1, where a prefetch issued with the layer-output load has brought them
-            xs = [T.alloc_local((PIECE,), T.bfloat16) for _ in range(LO_AHEAD + 1)]
+            warp = tid // WARP
+            lane = tid % WARP
+            lo_s = T.alloc_shared((SLOTS, THREADS, WORDS), T.uint32)  # each thread's layer-output pieces
+            mix_s = T.alloc_shared((SLOTS, WARPS, MIXES), T.float32)  # each warp's token's mixes
+            rs = T.alloc_local((M, WORDS), T.uint32)  # the streams' pieces, updated in place per layer
+            xs = T.alloc_local((WORDS,), T.uint32)  # the layer-output piece
+            li_w = T.alloc_local((WORDS,), T.uint32)  # the layer-input piece
             w = T.alloc_local((M,), T.float32)
             pw = T.alloc_local((M,), T.float32)
             cw = T.alloc_local((M, M), T.float32)
             token = T.alloc_var(T.int32)
-            lane = T.alloc_var(T.int32)
-            token = (bid * THREADS + tid) // pieces
-            lane = (bid * THREADS + tid) - token * pieces
+            piece = T.alloc_var(T.int32)
+            mix_offset = T.alloc_var(T.int64)
+            chunks = T.ceildiv(pieces, WARP)
+            token = (bid * WARPS + warp) // chunks
+            piece = (bid * WARPS + warp - token * chunks) * WARP + lane
+            # the byte offset of the lane's mix word in its tensor (lanes M .. 2M - 1: post, 2M ..: comb)
+            mix_offset = T.if_then_else(lane < 2 * M, (T.Cast("int64", token) * M + lane % M) * 4,
+                                        (T.Cast("int64", token) * (M * M) + lane - 2 * M) * 4)
+            ops = (pre, lo, post, comb)
+            st = (lo_s, mix_s, token, piece, tid, warp, lane, mix_offset)
             if token < num_tokens:
-                for m in T.unroll(M):
-                    for u in T.vectorized(PIECE):
-                        rs[m, u] = initial_residual[token, m, lane, u]
-                # step j loads layer j's layer-output piece and prefetches its mixes, then computes
-                # layer j - LO_AHEAD (Python lists and ints: unrolled at trace time, each layer
-                # guarded by the run-time counts)
-                for j in list(range(MAX_LAYERS + LO_AHEAD)):
-                    if j < MAX_LAYERS:
-                        if j < num_layers:
-                            T.evaluate(prefetch_l1(pre[j][token, 0]))
-                        if j < num_post:
-                            for u in T.vectorized(PIECE):
-                                xs[j % (LO_AHEAD + 1)][u] = lo[j][token, lane, u]
-                            T.evaluate(prefetch_l1(post[j][token, 0]))
-                            T.evaluate(prefetch_l1(comb[j][token, 0, 0]))
-                    if j >= LO_AHEAD:
-                        i = j - LO_AHEAD
-                        if i < num_layers:
-                            for m in T.unroll(M):
-                                w[m] = pre[i][token, m]
-                            for u in T.unroll(PIECE):
-                                acc[u] = apply_mix_value_folded(rs, w, u, M)
-                            for u in T.vectorized(PIECE):
-                                li[i][token, lane, u] = T.cast(acc[u], T.bfloat16)
-                        if i < num_post:
-                            for m in T.unroll(M):
-                                pw[m] = post[i][token, m]
-                                for n in T.unroll(M):
-                                    cw[m, n] = comb[i][token, m, n]
-                            # value u of the new streams needs only value u of the old ones: each
-                            # column replaces the old one in place (no second set of registers)
-                            for u in T.unroll(PIECE):
-                                for n in T.unroll(M):
-                                    col[n] = post_value(xs[i % (LO_AHEAD + 1)], rs, pw, cw, n, u, M)
-                                for n in T.unroll(M):
-                                    rs[n, u] = col[n]
-                            for n in T.unroll(M):
-                                T.evaluate(store_16(res[i][token, n, lane, 0], rs[n, 0]))
+                if piece < pieces:
+                    for m in T.unroll(M):
+                        for k in T.vectorized(WORDS):
+                            rs[m, k] = initial_residual[token, m, piece, k]
+                for j in list(range(AHEAD)):
+                    issue(j, ops, st, num_layers, num_post)
+                    cp_async.commit()
+                layer(0, ops, (li, res), st, (rs, xs, li_w, w, pw, cw), num_layers, num_post)
 
     return multilayer_recompute
