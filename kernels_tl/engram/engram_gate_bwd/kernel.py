@@ -15,12 +15,8 @@ its own (no FMA), in the reference's order (``tile_kernels_aot.torch.engram``):
     grad_v = ((g0 * gate0 + g1 * gate1) + g2 * gate2) + g3 * gate3
     grad_w_partial[p] = (0 + t_first) + ... + t_last,   t = (r * x) * k, over token chunk p
 
-Two kernels per H: the host takes the small-batch one when every chunk has at most one token
-(``T <= P``), the persistent one otherwise.  Both share the thread layout, the arithmetic and
-the summation orders (the macros below).
-
-Persistent kernel
------------------
+Design
+------
 ``P`` blocks (the device's SM count: one per SM), block ``p`` walks its chunk of
 ``ceil(T / P)`` tokens in order, so that each column's weight-gradient sum is one chain in a
 register of the thread that owns the column.  512 threads: warps ``4c .. 4c+3`` own stream
@@ -53,24 +49,12 @@ Every shared slot of g, x and k is read back by the thread that filled it, excep
 ``grad_v`` and v in step 2, which the barrier of step 1 makes visible and the barrier of step
 2 retires before any thread copies over them.  Tokens, P and strides are run-time values;
 ``hc_mult`` (4) and ``H`` are static.  Element offsets are 64-bit.
-
-Small-batch kernel
-------------------
-The same ``P`` blocks of 512 threads, block ``p`` the chunk of token ``p`` (none past the last
-token: it writes its ``grad_w_partial`` row of zeros).  Each thread loads the w of all its
-pieces into registers (``8 * H / 1024`` floats, L2) and issues its copies of the token at once
-(g and v in one group, x and k one group per piece; no resident w, so the first group holds only
-DRAM data); steps 1 and 2 are the persistent kernel's, and step 3 stores each piece's
-weight-gradient terms ``0 + (r * x) * k`` at once (the chunk's sum of one token) instead of
-accumulating them.  Nothing waits on an L2 load of w after step 2, and no copy of a next token
-or accumulator is held.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.engram import cp_async
-from kernels_tl.engram.gate_tensors import GateTensors, assume_aligned
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
@@ -121,166 +105,54 @@ def _lookup(j, table, default=0):
     return expr
 
 
-@T.macro
-def token_copies(t, live, c, lane, tid, steps, share, pieces, grad_out, hidden_states, k, v, g_s, x_s, k_s, v_s):
-    """Token ``t``'s copies (each thread its own pieces of g, x and k, and a share of v) in the
-    order it uses them: g and v close one group, then x and k one group per piece.  Not
-    ``live``: the groups are committed empty (the wait counts stay constant)."""
-    if live:
-        for j in T.unroll(steps):
-            T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t, c, j * LANES + lane, 0]))
-        for m in T.unroll(share):
-            if m * THREADS + tid < pieces:
-                T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t, m * THREADS + tid, 0]))
-    cp_async.commit()
-    for j in T.unroll(steps):
-        if live:
-            T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t, c, j * LANES + lane, 0]))
-            T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t, c, j * LANES + lane, 0]))
-        cp_async.commit()
-
-
-@T.macro
-def load_saved(t, c, dot, gate_score, rstd_x, rstd_k, sv, gates):
-    """The token's saved values: ``sv = (dot, gate, rstd_x, rstd_k)`` of the thread's stream and
-    ``gates`` of all four (loaded before the token's wait, so their latency overlaps it)."""
-    sv[0] = dot[t, c]
-    sv[1] = gate_score[t, c]
-    sv[2] = rstd_x[t, c]
-    sv[3] = rstd_k[t, c]
-    for h in T.unroll(HC):
-        gates[h] = gate_score[t, h]
-
-
-@T.macro
-def stream_partials(t, c, lane, tid, steps, share, pieces, g_s, v_s, gates, grad_v, warp_sums, gv, vv, gq, ox):
-    """Step 2 up to the barrier: the thread's ``dL/dgate`` terms (its g pieces times v, in the
-    reference's order) summed over its warp (butterfly) into ``warp_sums``, and its share of
-    ``grad_v`` (the four streams' g of its pieces, in stream order)."""
-    dl = T.alloc_var(T.float32)
-    gsum = T.alloc_var(T.float32)
-    dl = T.float32(0)
-    for j in T.unroll(steps):
-        for i in T.vectorized(PIECE):
-            gv[i] = g_s[c, j * LANES + lane, i]
-        for i in T.vectorized(PIECE):
-            vv[i] = v_s[j * LANES + lane, i]
-        for i in T.unroll(PIECE):
-            dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
-    for m in T.unroll(share):
-        if m * THREADS + tid < pieces:
-            for h in T.unroll(HC):
-                for i in T.vectorized(PIECE):
-                    gq[h, i] = g_s[h, m * THREADS + tid, i]
-            for i in T.unroll(PIECE):
-                gsum = T.ieee_mul(_f32(gq[0, i]), gates[0])
-                for h in T.unroll(1, HC):
-                    gsum = gsum + T.ieee_mul(_f32(gq[h, i]), gates[h])
-                ox[i] = T.cast(gsum, T.bfloat16)
-            for i in T.vectorized(PIECE):
-                grad_v[t, m * THREADS + tid, i] = ox[i]
-    # the stream's sum: warp butterfly here, the four warps' sums after the barrier
-    for s in T.unroll(5):
-        dl = dl + T.shfl_xor(dl, 16 >> s)
-    if tid % WARP == 0:
-        warp_sums[tid // WARP] = dl
-
-
-@T.macro
-def stream_factors(c, warp_sums, sv, clamp_value, scalar, hidden, f):
-    """After the barrier: the stream's ``dL/dgate`` ``(w0 + w1) + (w2 + w3)`` from its warps'
-    sums, then ``f = (r, dot_x, dot_k)``: ``r = dL/d dot`` (0 where the clamp holds) and the
-    two normalisation terms ``((dot * rstd) * rstd) / H``; ``sv`` as ``load_saved`` gives it."""
-    d_c = sv[0]
-    gate_c = sv[1]
-    rx = sv[2]
-    rk = sv[3]
-    dl = (warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3])
-    abs_dot = T.abs(d_c)
-    below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
-    slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
-    f[0] = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
-        dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
-    f[1] = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
-    f[2] = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
-
-
-@T.macro
-def load_piece(c, p, x_s, k_s, g_s, xv, kv, gv):
-    """Piece ``p`` of the stream's x, k and g rows, from shared memory."""
-    for i in T.vectorized(PIECE):
-        xv[i] = x_s[c, p, i]
-    for i in T.vectorized(PIECE):
-        kv[i] = k_s[c, p, i]
-    for i in T.vectorized(PIECE):
-        gv[i] = g_s[c, p, i]
-
-
-@T.macro
-def piece_grads(t, c, p, grad_x, grad_k, ox, ok, xv, kv, gv, w, f, wacc, j):
-    """Piece ``p``'s ``grad_x`` and ``grad_k`` (computed in ``ox``, ``ok`` and stored), and its
-    weight-gradient terms ``(r * x) * k`` added to ``wacc[j]``; ``w(i)`` is the piece's weight
-    element ``i``, ``f = (r, dot_x, dot_k)``."""
-    for i in T.unroll(PIECE):
-        xf = _f32(xv[i])
-        kf = _f32(kv[i])
-        ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(f[0], T.ieee_sub(
-            T.ieee_mul(kf, w(i)), T.ieee_mul(xf, f[1])))), T.bfloat16)
-        ok[i] = T.cast(T.ieee_mul(f[0], T.ieee_sub(T.ieee_mul(xf, w(i)), T.ieee_mul(kf, f[2]))), T.bfloat16)
-        wacc[j, i] = wacc[j, i] + T.ieee_mul(T.ieee_mul(f[0], xf), kf)
-    for i in T.vectorized(PIECE):
-        grad_x[t, c, p, i] = ox[i]
-    for i in T.vectorized(PIECE):
-        grad_k[t, c, p, i] = ok[i]
-
-
-def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
+def engram_gate_bwd_kernel(hc_mult, hidden):
     assert hc_mult == HC, "the backward kernel is built for hc_mult == 4"
     assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
-    assert _token_smem_bytes(hidden) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
-    return (_small_batch_kernel if small_batch else _persistent_kernel)(hidden)
-
-
-def _persistent_kernel(hidden):
     steps = hidden // SPAN
     pieces = hidden // PIECE
     share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
+    assert _token_smem_bytes(hidden) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
     resident = resident_steps(hidden)  # w of these steps from shared memory
     slot = {j: n for n, j in enumerate(resident)}
     num_res = len(resident)
     loaded = [j for j in range(steps) if j not in slot]  # w of these steps from global (L2)
     after = {j: loaded[n + 1] for n, j in enumerate(loaded[:-1])}  # the next loaded step
     assert _token_smem_bytes(hidden) + len(resident) * W_STEP_BYTES <= SMEM_LIMIT
-    ts = GateTensors(HC, hidden)
-    num_tokens = ts.num_tokens
+    num_tokens = T.dynamic("num_tokens", "int64")
     num_blocks = T.dynamic("num_blocks", "int64")  # P
+    k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
+    k_stride_c = T.dynamic("k_stride_c", "int64")
+    v_stride_t = T.dynamic("v_stride_t", "int64")
 
     @T.prim_func
     def engram_gate_bwd(
-        grad_out: ts.rows(),
-        hidden_states: ts.rows(),
-        k: ts.k(),
-        v: ts.v(),
-        weight_fused: ts.w(),
-        dot: ts.per_stream(num_tokens),
-        gate_score: ts.per_stream(num_tokens),
-        rstd_x: ts.per_stream(num_tokens),
-        rstd_k: ts.per_stream(num_tokens),
-        grad_x: ts.rows(),
-        grad_k: ts.rows(),
-        grad_v: ts.token_row(),
-        grad_w_partial: ts.partial_rows(num_blocks),
+        grad_out: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        hidden_states: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        k: T.StridedTensor[(num_tokens, HC, pieces, PIECE), (k_stride_t, k_stride_c, PIECE, 1), T.bfloat16],
+        v: T.StridedTensor[(num_tokens, pieces, PIECE), (v_stride_t, PIECE, 1), T.bfloat16],
+        weight_fused: T.Tensor[(HC, pieces, PIECE), T.float32],
+        dot: T.Tensor[(num_tokens, HC), T.float32],
+        gate_score: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_x: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_k: T.Tensor[(num_tokens, HC), T.float32],
+        grad_x: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_k: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_v: T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16],
+        grad_w_partial: T.Tensor[(num_blocks, HC, pieces, PIECE), T.float32],
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
     ):
         with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
             T.import_source(cp_async.DEVICE_SOURCE)
-            assume_aligned(ts)
+            T.assume(k_stride_t % PIECE == 0)
+            T.assume(k_stride_c % PIECE == 0)
+            T.assume(v_stride_t % PIECE == 0)
             T.assume(num_blocks > 0)
             tid = T.get_thread_binding()
             c = tid // LANES
             lane = tid % LANES
+            warp = tid // WARP
 
             g_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
             x_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
@@ -301,8 +173,15 @@ def _persistent_kernel(hidden):
             acc_w = T.alloc_local((steps, PIECE), T.float32)
             gates = T.alloc_local((HC,), T.float32)
             gq = T.alloc_local((HC, PIECE), T.bfloat16)
-            sv = T.alloc_local((4,), T.float32)  # dot, gate, rstd_x, rstd_k of the stream
-            f = T.alloc_local((3,), T.float32)  # r, dot_x, dot_k
+            dl = T.alloc_var(T.float32)
+            r = T.alloc_var(T.float32)
+            d_c = T.alloc_var(T.float32)
+            gate_c = T.alloc_var(T.float32)
+            rx = T.alloc_var(T.float32)
+            rk = T.alloc_var(T.float32)
+            dot_x = T.alloc_var(T.float32)
+            dot_k = T.alloc_var(T.float32)
+            gsum = T.alloc_var(T.float32)
 
             per_block = T.ceildiv(num_tokens, num_blocks)
             t_start = T.min(T.Cast("int64", bid) * per_block, num_tokens)
@@ -320,25 +199,70 @@ def _persistent_kernel(hidden):
                     for half in T.unroll(2):
                         T.evaluate(cp_async.copy16(w_s[c, n, half, lane, 0],
                                                    weight_fused[c, (n * steps) // num_res * LANES + lane, half * 4]))
-            token_copies(t_start, t_start < t_end, c, lane, tid, steps, share, pieces, grad_out, hidden_states, k, v,
-                         g_s, x_s, k_s, v_s)
+                for j in T.unroll(steps):
+                    T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t_start, c, j * LANES + lane, 0]))
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t_start, m * THREADS + tid, 0]))
+            cp_async.commit()
+            for j in T.unroll(steps):
+                if t_start < t_end:
+                    T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t_start, c, j * LANES + lane, 0]))
+                    T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t_start, c, j * LANES + lane, 0]))
+                cp_async.commit()
 
             for t in T.serial(t_start, t_end):
-                load_saved(t, c, dot, gate_score, rstd_x, rstd_k, sv, gates)
+                # the token's saved values (their latency overlaps the wait)
+                d_c = dot[t, c]
+                gate_c = gate_score[t, c]
+                rx = rstd_x[t, c]
+                rk = rstd_k[t, c]
+                for h in T.unroll(HC):
+                    gates[h] = gate_score[t, h]
                 # ---- 1. the token's g and v have landed (each thread its copies; the barrier: all);
                 # the token's x and k pieces (the last `steps` groups) may still be in flight
                 cp_async.wait(steps)
                 T.sync_threads()
                 # ---- 2. dL/dgate partial sums; grad_v = sum over streams of g * gate, in stream order
-                stream_partials(t, c, lane, tid, steps, share, pieces, g_s, v_s, gates, grad_v, warp_sums, gv, vv, gq,
-                                ox)
+                dl = T.float32(0)
+                for j in T.unroll(steps):
+                    for i in T.vectorized(PIECE):
+                        gv[i] = g_s[c, j * LANES + lane, i]
+                    for i in T.vectorized(PIECE):
+                        vv[i] = v_s[j * LANES + lane, i]
+                    for i in T.unroll(PIECE):
+                        dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        for h in T.unroll(HC):
+                            for i in T.vectorized(PIECE):
+                                gq[h, i] = g_s[h, m * THREADS + tid, i]
+                        for i in T.unroll(PIECE):
+                            gsum = T.ieee_mul(_f32(gq[0, i]), gates[0])
+                            for h in T.unroll(1, HC):
+                                gsum = gsum + T.ieee_mul(_f32(gq[h, i]), gates[h])
+                            ox[i] = T.cast(gsum, T.bfloat16)
+                        for i in T.vectorized(PIECE):
+                            grad_v[t, m * THREADS + tid, i] = ox[i]
+                # the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
+                for s in T.unroll(5):
+                    dl = dl + T.shfl_xor(dl, 16 >> s)
+                if tid % WARP == 0:
+                    warp_sums[warp] = dl
                 # w of step 3's first loaded piece: its L2 latency under the barrier
                 if len(loaded) > 0:
                     for i in T.vectorized(PIECE):
                         wn[i] = weight_fused[c, loaded[0] * LANES + lane, i]
                 # every read of v and of other threads' g for this token is done past this barrier
                 T.sync_threads()
-                stream_factors(c, warp_sums, sv, clamp_value, scalar, hidden, f)
+                dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
+                abs_dot = T.abs(d_c)
+                below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
+                slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
+                r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
+                    dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
+                dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
+                dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
                 # ---- 3. the next token's v share (its slots retired by the barrier above); then per
                 # piece: grad_x, grad_k, weight-gradient terms, and the freed g slot takes the next
                 # token's piece.  Past the loop: the next token's g and v close one group, and its x
@@ -361,10 +285,26 @@ def _persistent_kernel(hidden):
                                 wn[i] = weight_fused[c, _lookup(j, after) * LANES + lane, i]
                     # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
                     cp_async.wait(steps - 1 - j)
-                    load_piece(c, p, x_s, k_s, g_s, xv, kv, gv)
+                    for i in T.vectorized(PIECE):
+                        xv[i] = x_s[c, p, i]
+                    for i in T.vectorized(PIECE):
+                        kv[i] = k_s[c, p, i]
+                    for i in T.vectorized(PIECE):
+                        gv[i] = g_s[c, p, i]
                     if t + 1 < t_end:
                         T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t + 1, c, p, 0]))
-                    piece_grads(t, c, p, grad_x, grad_k, ox, ok, xv, kv, gv, lambda i: wv[i], f, acc_w, j)
+                    for i in T.unroll(PIECE):
+                        xf = _f32(xv[i])
+                        kf = _f32(kv[i])
+                        ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(r, T.ieee_sub(
+                            T.ieee_mul(kf, wv[i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
+                        ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[i]), T.ieee_mul(kf, dot_k))),
+                                       T.bfloat16)
+                        acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
+                    for i in T.vectorized(PIECE):
+                        grad_x[t, c, p, i] = ox[i]
+                    for i in T.vectorized(PIECE):
+                        grad_k[t, c, p, i] = ok[i]
                 cp_async.commit()
                 for j in T.unroll(steps):
                     if t + 1 < t_end:
@@ -378,90 +318,3 @@ def _persistent_kernel(hidden):
                     grad_w_partial[bid, c, j * LANES + lane, i] = acc_w[j, i]
 
     return engram_gate_bwd
-
-
-def _small_batch_kernel(hidden):
-    steps = hidden // SPAN
-    pieces = hidden // PIECE
-    share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
-    ts = GateTensors(HC, hidden)
-    num_tokens = ts.num_tokens
-    num_blocks = T.dynamic("num_blocks", "int64")  # P >= num_tokens (host)
-
-    @T.prim_func
-    def engram_gate_bwd_small_batch(
-        grad_out: ts.rows(),
-        hidden_states: ts.rows(),
-        k: ts.k(),
-        v: ts.v(),
-        weight_fused: ts.w(),
-        dot: ts.per_stream(num_tokens),
-        gate_score: ts.per_stream(num_tokens),
-        rstd_x: ts.per_stream(num_tokens),
-        rstd_k: ts.per_stream(num_tokens),
-        grad_x: ts.rows(),
-        grad_k: ts.rows(),
-        grad_v: ts.token_row(),
-        grad_w_partial: ts.partial_rows(num_blocks),
-        clamp_value: T.float32,
-        scalar: T.float32,  # H ** -0.5 rounded to float32
-    ):
-        with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
-            wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(cp_async.DEVICE_SOURCE)
-            assume_aligned(ts)
-            tid = T.get_thread_binding()
-            c = tid // LANES
-            lane = tid % LANES
-            t = T.Cast("int64", bid)  # chunk bid: token bid, or none past the last token
-
-            g_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            x_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            k_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            v_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
-            warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
-            gv = T.alloc_local((PIECE,), T.bfloat16)
-            vv = T.alloc_local((PIECE,), T.bfloat16)
-            xv = T.alloc_local((PIECE,), T.bfloat16)
-            kv = T.alloc_local((PIECE,), T.bfloat16)
-            wv = T.alloc_local((steps, PIECE), T.float32)  # w of every piece of the thread
-            ox = T.alloc_local((PIECE,), T.bfloat16)
-            ok = T.alloc_local((PIECE,), T.bfloat16)
-            wt = T.alloc_local((1, PIECE), T.float32)  # a piece's weight-gradient terms, 0 + t
-            gates = T.alloc_local((HC,), T.float32)
-            gq = T.alloc_local((HC, PIECE), T.bfloat16)
-            sv = T.alloc_local((4,), T.float32)  # dot, gate, rstd_x, rstd_k of the stream
-            f = T.alloc_local((3,), T.float32)  # r, dot_x, dot_k
-
-            if t < num_tokens:
-                # w of all the thread's pieces (L2), in flight with the copies
-                for j in T.unroll(steps):
-                    for i in T.vectorized(PIECE):
-                        wv[j, i] = weight_fused[c, j * LANES + lane, i]
-                token_copies(t, True, c, lane, tid, steps, share, pieces, grad_out, hidden_states, k, v,
-                             g_s, x_s, k_s, v_s)
-                load_saved(t, c, dot, gate_score, rstd_x, rstd_k, sv, gates)
-                # ---- 1. g and v landed (x and k may not have), barrier
-                cp_async.wait(steps)
-                T.sync_threads()
-                # ---- 2. dL/dgate and grad_v, barrier, r
-                stream_partials(t, c, lane, tid, steps, share, pieces, g_s, v_s, gates, grad_v, warp_sums, gv, vv, gq,
-                                ox)
-                T.sync_threads()
-                stream_factors(c, warp_sums, sv, clamp_value, scalar, hidden, f)
-                # ---- 3. per piece as its x and k land: grad_x, grad_k and the chunk's weight-gradient sum
-                for j in T.unroll(steps):
-                    p = j * LANES + lane
-                    cp_async.wait(steps - 1 - j)
-                    load_piece(c, p, x_s, k_s, g_s, xv, kv, gv)
-                    for i in T.unroll(PIECE):
-                        wt[0, i] = T.float32(0)
-                    piece_grads(t, c, p, grad_x, grad_k, ox, ok, xv, kv, gv, lambda i: wv[j, i], f, wt, 0)
-                    for i in T.vectorized(PIECE):
-                        grad_w_partial[bid, c, p, i] = wt[0, i]
-            else:  # an empty chunk
-                for j in T.unroll(steps):
-                    for i in T.vectorized(PIECE):
-                        grad_w_partial[bid, c, j * LANES + lane, i] = T.float32(0)
-
-    return engram_gate_bwd_small_batch

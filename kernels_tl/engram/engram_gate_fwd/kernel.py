@@ -65,7 +65,6 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.engram import cp_async
-from kernels_tl.engram.gate_tensors import GateTensors, assume_aligned
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
@@ -180,6 +179,45 @@ def mix_piece(ov, xv, v, gate):
         ov[e] = T.cast(T.ieee_add(_f32(xv[e]), T.ieee_mul(gate, _f32(v(e)))), T.bfloat16)
 
 
+class _Tensors:
+    """The kernels' tensor parameters (a fresh type per parameter) over the dynamic dims: the
+    token count, k's and v's strides (elements, multiples of 8) and ``saved_rows`` (the token
+    count when saving for backward, else 0: the saved tensors are not touched)."""
+
+    def __init__(self, hc_mult, hidden):
+        self.hc_mult = hc_mult
+        self.pieces = hidden // PIECE
+        self.num_tokens = T.dynamic("num_tokens", "int64")
+        self.k_stride_t = T.dynamic("k_stride_t", "int64")
+        self.k_stride_c = T.dynamic("k_stride_c", "int64")
+        self.v_stride_t = T.dynamic("v_stride_t", "int64")
+        self.saved_rows = T.dynamic("saved_rows", "int64")
+
+    def rows(self):  # x and the output
+        return T.Tensor[(self.num_tokens, self.hc_mult, self.pieces, PIECE), T.bfloat16]
+
+    def k(self):
+        return T.StridedTensor[(self.num_tokens, self.hc_mult, self.pieces, PIECE),
+                               (self.k_stride_t, self.k_stride_c, PIECE, 1), T.bfloat16]
+
+    def v(self):
+        return T.StridedTensor[(self.num_tokens, self.pieces, PIECE), (self.v_stride_t, PIECE, 1), T.bfloat16]
+
+    def w(self):
+        return T.Tensor[(self.hc_mult, self.pieces, PIECE), T.float32]
+
+    def saved(self):  # dot, gate_score, rstd_x, rstd_k
+        return T.Tensor[(self.saved_rows, self.hc_mult), T.float32]
+
+
+@T.macro
+def assume_aligned(ts):
+    """Rows start on 16-byte boundaries (checked by the host): each piece is one access."""
+    T.assume(ts.k_stride_t % PIECE == 0)
+    T.assume(ts.k_stride_c % PIECE == 0)
+    T.assume(ts.v_stride_t % PIECE == 0)
+
+
 def engram_gate_fwd_kernel(hc_mult, hidden, small_batch):
     return (_small_batch_kernel if small_batch else _persistent_kernel)(hc_mult, hidden)
 
@@ -190,8 +228,7 @@ def _persistent_kernel(hc_mult, hidden):
     assert ring <= cp_async.MAX_GROUPS
     threads = hc_mult * WARP
     blocks_per_sm = _blocks_per_sm(hc_mult, hidden)
-    ts = GateTensors(hc_mult, hidden)
-    saved_rows = T.dynamic("saved_rows", "int64")  # num_tokens when saving, else 0 (unused)
+    ts = _Tensors(hc_mult, hidden)
 
     @T.prim_func
     def engram_gate_fwd(
@@ -200,10 +237,10 @@ def _persistent_kernel(hc_mult, hidden):
         v: ts.v(),
         weight_fused: ts.w(),
         output: ts.rows(),
-        dot: ts.per_stream(saved_rows),
-        gate_score: ts.per_stream(saved_rows),
-        rstd_x: ts.per_stream(saved_rows),
-        rstd_k: ts.per_stream(saved_rows),
+        dot: ts.saved(),
+        gate_score: ts.saved(),
+        rstd_x: ts.saved(),
+        rstd_k: ts.saved(),
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
@@ -281,7 +318,7 @@ def _persistent_kernel(hc_mult, hidden):
                             p = ((i + ring - stages) * chunk + q) * WARP + lane
                             T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], v[t, p, 0]))
                     cp_async.commit()
-                gate = row_gate(acc, lane, t, c, (dot, gate_score, rstd_x, rstd_k), saved_rows, hidden, eps,
+                gate = row_gate(acc, lane, t, c, (dot, gate_score, rstd_x, rstd_k), ts.saved_rows, hidden, eps,
                                 clamp_value, scalar)
                 # w of the next token's k stage 0, in flight during the output pass
                 for q in T.unroll(chunk):
@@ -329,8 +366,7 @@ def _small_batch_kernel(hc_mult, hidden):
     groups = -(-steps // chunk)
     pieces = hidden // PIECE
     rounds = -(-pieces // SMALL_THREADS)  # v pieces per thread in the output pass
-    ts = GateTensors(hc_mult, hidden)
-    saved_rows = T.dynamic("saved_rows", "int64")  # num_tokens when saving, else 0 (unused)
+    ts = _Tensors(hc_mult, hidden)
 
     @T.prim_func
     def engram_gate_fwd_small_batch(
@@ -339,10 +375,10 @@ def _small_batch_kernel(hc_mult, hidden):
         v: ts.v(),
         weight_fused: ts.w(),
         output: ts.rows(),
-        dot: ts.per_stream(saved_rows),
-        gate_score: ts.per_stream(saved_rows),
-        rstd_x: ts.per_stream(saved_rows),
-        rstd_k: ts.per_stream(saved_rows),
+        dot: ts.saved(),
+        gate_score: ts.saved(),
+        rstd_x: ts.saved(),
+        rstd_k: ts.saved(),
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
@@ -400,7 +436,7 @@ def _small_batch_kernel(hc_mult, hidden):
                         for e in T.vectorized(PIECE // 2):
                             wv[h * 4 + e] = w_s[c, j, h, lane, e]
                     add_piece(acc, xv, kv, lambda e: wv[e])
-                gate_s[c] = row_gate(acc, lane, t, c, (dot, gate_score, rstd_x, rstd_k), saved_rows, hidden, eps,
+                gate_s[c] = row_gate(acc, lane, t, c, (dot, gate_score, rstd_x, rstd_k), ts.saved_rows, hidden, eps,
                                      clamp_value, scalar)
             # every sum warp has waited for all of its copies: its x row and gate to the block
             T.sync_threads()
