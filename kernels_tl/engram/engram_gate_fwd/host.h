@@ -13,11 +13,6 @@ struct Plan {
   int64_t sms;  // the device's SM count (the persistent grid's unit)
 };
 
-// The small-batch kernel (one block per token, its whole rows in flight at once) up to two waves
-// of one block per SM; above, the persistent kernel, which overlaps a token's gate and output pass
-// with the next token's loads (notes.md: the crossover).
-inline bool small_batch(const Plan& p) { return p.num_tokens <= 2 * p.sms; }
-
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.hidden_states.shape[0];
   p.hc_mult = a.hidden_states.shape[1];
@@ -44,12 +39,11 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             static_cast<long long>(a.k.stride[1]));
   TKA_CHECK(T <= 1 || a.v.stride[0] % 8 == 0, "v.stride(0)", "must be a multiple of 8 (16-byte aligned rows), got %lld",
             static_cast<long long>(a.v.stride[0]));
-  // the kernel and the persistent grid follow the device's SM count (132 for a tensor off CUDA)
+  // the persistent grid: blocks_per_sm blocks per SM of the device (132 for a tensor off CUDA)
   p.sms = plan_sm_count(op, a.hidden_states.device);
   if (p.sms < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
-  c.small_batch = small_batch(p);
   return true;
 }
 
@@ -78,8 +72,7 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.rstd_x = o.rstd_x.data;
   k.rstd_k = o.rstd_k.data;
   k.num_tokens = p.num_tokens;
-  // the persistent kernel: every block resident at once (kernel.py: blocks_per_sm from shared
-  // memory), each with a token (the small-batch kernel has no num_blocks: one block per token)
+  // every block resident at once (kernel.py: blocks_per_sm from shared memory), each with a token
   k.num_blocks = std::min<int64_t>(p.num_tokens, p.sms * c.blocks_per_sm);
   // strides of size-1 dims are free: give them an aligned value
   k.k_stride_t = p.num_tokens > 1 ? a.k.stride[0] : p.hc_mult * p.hidden;

@@ -1,6 +1,5 @@
-"""engram.engram_gate_fwd: two kernels per (hc_mult, hidden), the small-batch one
-(``small_batch``, chosen by the host from the token count) and the persistent one; tokens,
-strides, eps, clamp_value and save_for_backward are run-time values."""
+"""engram.engram_gate_fwd: one kernel per (hc_mult, hidden); tokens, strides, eps,
+clamp_value and save_for_backward are run-time values."""
 
 from kernels_tl.schema import Bool, Float, Op, Out, Param, Randn, Sample, Schema, Tensor
 
@@ -22,7 +21,7 @@ def _sample(name, tokens, hidden, hc=4, save=True, clamp=CLAMP, eps=EPS):
 SAVED = "[hidden_states.shape[0], hidden_states.shape[1]] if save_for_backward else None"
 
 SCHEMA = Schema(
-    static=("hc_mult", "hidden", "small_batch"),
+    static=("hc_mult", "hidden"),
     ops=[
         Op(
             module="engram",
@@ -43,7 +42,6 @@ SCHEMA = Schema(
             reference="tile_kernels_aot.torch.engram.engram_gate_fwd",
             samples=[
                 _sample("decode", 128, 7168),
-                _sample("decode, 256 tokens (two waves of the small-batch kernel)", 256, 7168),
                 _sample("prefill", 8192, 7168),
                 _sample("upstream 8001", 8001, 7168),
                 _sample("upstream 4001", 4001, 7168),
