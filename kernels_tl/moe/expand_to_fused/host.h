@@ -58,6 +58,7 @@ inline int64_t warp_lanes(int64_t row_vecs, int64_t v) {
 // a longer row (more than a block's threads at one vector) runs on the flat index (span =
 // threads). The output bits do not depend on the geometry (a copy).
 constexpr int64_t kSpreadBlocks = 128;  // about one copy block per SM (132 on an H200)
+constexpr int64_t kPadBlocks = 256;     // about two padding-check blocks per SM
 inline CopyGeometry geometry(const Plan& p, const Constants& c) {
   CopyGeometry g{};
   for (int64_t v = c.vectors_per_thread; v >= 1; v /= 2) {
@@ -71,57 +72,24 @@ inline CopyGeometry geometry(const Plan& p, const Constants& c) {
 
 inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_rows > 0) && p.row_vecs > 0; }
 
-// The padding check's layout (the kernel's units: 2^piece_shift pieces of piece_vecs vectors per
-// fused row, block b of the pad_blocks taking units b + pad_blocks * (warp + 8 * i), i < units).
-struct PadLayout {
-  int64_t blocks, units, piece_shift, piece_vecs;
-  bool first;  // the padding blocks first in the grid, the copy's after them
-};
-
-// Rows past the most routed pairs (num_tokens * num_topk) are padding or unused for sure. When
-// they are few (upstream's exactly sized layouts, a dense decode: none), whole rows are the
-// units, 32 per warp (256 per block, one coalesced flag load per lane), the blocks after the
-// copy's: a few flag-only blocks beside it (at decode 4 beside 128 copy blocks: one block per
-// SM). When they are many (the MoE layer's no-sync bound at decode: 3840 of 4864 rows), the
-// zero-fill is most of the launch and what bounds it is the SM that zeroes the most bytes: the
-// rows are cut into pieces of at most 64 vectors (two stores per lane; whole 8-vector runs, so
-// a piece of a line-aligned row is whole 128-byte lines) and spread over an odd number of blocks,
-// about one per SM, first in the grid. A block's units are then pieces of rows all over the
-// layout, nearly the same share of padding in every block wherever the padding lies (an odd
-// stride does not follow a power-of-two alignment's pattern); the copy's blocks fill the SMs'
-// other slots, one per SM at decode.
-constexpr int64_t kGroupUnits = 32;  // units per flag group (a warp's ballot)
-constexpr int64_t kPadGroups = 8;    // flag groups per lane (the kernel's flags)
-constexpr int64_t kPieceVecs = 64;   // most vectors per piece: two stores per lane
-inline PadLayout pad_layout(const Plan& p, const Constants& c, int sms) {
-  const int64_t warps = c.threads / 32;
-  PadLayout l{0, 0, 0, p.row_vecs, false};
-  const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
-  if (p.num_rows == 0 || sure_padding * 8 < p.num_rows) {
-    l.units = kGroupUnits;
-    l.blocks = ceil_div(p.num_rows, warps * l.units);
-    return l;
-  }
-  while (ceil_div(p.row_vecs, int64_t{1} << l.piece_shift) > kPieceVecs) l.piece_shift++;
-  if (l.piece_shift > 0) l.piece_vecs = align_up(ceil_div(p.row_vecs, int64_t{1} << l.piece_shift), 8);
-  const int64_t units = p.num_rows << l.piece_shift;
-  l.blocks = std::max<int64_t>(sms - 1 + sms % 2, ceil_div(units, warps * kGroupUnits * kPadGroups) | 1);
-  l.units = ceil_div(units, warps * l.blocks);
-  l.first = true;
-  return l;
-}
-
 inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token_topk_to_pos,
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const CopyGeometry g = geometry(p, c);
-  const int sms = plan_sm_count(op, x.device);
-  if (sms < 0) return false;  // the device query failed (error set)
-  const PadLayout pad = pad_layout(p, c, sms);
-  // the kernel's thread indices (copy block * span + thread) and unit indices (below pad blocks
-  // * 8 warps * units) are 32-bit
-  TKA_CHECK((pad.blocks + g.blocks) * c.threads <= 2147483647 && pad.blocks * c.threads / 32 * pad.units <= 2147483647,
-            "pos_to_expert", "has too many rows for one launch");
+  // rows per padding-check block (whole warps of flags, 32 to 256). Each block zeroes its padding
+  // rows with all its threads, so when many rows are padding the rows per block are SM time:
+  // rows past the most routed pairs (num_tokens * num_topk) are padding or unused for sure, and
+  // when they are many (the no-sync bound at decode: 3840 of 4864) the rows spread over about
+  // two blocks per SM. Otherwise 256 rows per block: few flag-only blocks beside the copy (at
+  // decode, 4 beside 128 copy blocks: one block per SM).
+  const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
+  const int64_t pad_span = sure_padding * 8 < p.num_rows
+      ? c.threads
+      : std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
+  const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
+  // the kernel's thread indices (block * span + thread over the copy, then (block - copy blocks)
+  // * pad_span + row over the padding check) are 32-bit
+  TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
   k.out = out.data;
@@ -133,14 +101,9 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.row_vecs = p.row_vecs;
   k.lanes_per_row = g.lanes;
   k.block_span = g.span;
-  k.copy_first = pad.first ? pad.blocks : 0;
   k.copy_blocks = g.blocks;
-  k.pad_first = pad.first ? 0 : g.blocks;
-  k.pad_blocks = pad.blocks;
-  k.pad_units = pad.units;
-  k.piece_shift = pad.piece_shift;
-  k.piece_vecs = pad.piece_vecs;
-  k.num_blocks = pad.blocks + g.blocks;
+  k.pad_span = pad_span;
+  k.num_blocks = pad_blocks + g.blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;
   k.sf_cols = 0;

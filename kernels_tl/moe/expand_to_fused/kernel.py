@@ -12,13 +12,13 @@ Design
 Bound by memory: every byte of ``x`` is read once, every byte of ``out`` written once.  The
 grid has two parts, told apart by the block index (uniform per block):
 
-* Copy blocks (``copy_blocks`` of them from ``copy_first``): ``lanes_per_row`` threads per
-  token.  A row is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
+* Blocks ``[0, copy_blocks)``: the copy, ``lanes_per_row`` threads per token.  A row
+  is ``row_vecs`` 16-byte vectors (``hidden * element_size / 16``; the host checks that it is
   whole and that the pointers are 16-byte aligned); lane ``l`` owns vectors ``l, l + lanes,
   ...`` below ``row_vecs`` (at most ``VPT``: the host's ``lanes_per_row >= ceil(row_vecs /
   v)`` with ``v <= VPT``), so each load or store instruction of a warp covers contiguous
   bytes.  The first ``block_span`` threads of a copy block take consecutive (token, lane)
-  pairs of the flat index ``copy block * block_span + thread``: the host sets ``block_span`` to
+  pairs of the flat index ``block * block_span + thread``: the host sets ``block_span`` to
   whole tokens per block (``tokens_per_block * lanes_per_row``, the other threads idle) when
   a row's lanes fit in a block, else to ``THREADS``.  The host rounds ``lanes_per_row`` to
   whole warps (or a power of two below 32), so no token straddles a warp boundary, takes ``v = VPT``
@@ -29,29 +29,21 @@ grid has two parts, told apart by the block index (uniform per block):
   memory round trip serves it (top-k <= 8), then stores the vectors and words to each routed
   row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor and at most 8
   vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
-* Padding-check blocks (``pad_blocks`` of them from ``pad_first``): units of work are pieces
-  of fused rows, ``2^piece_shift`` pieces of ``piece_vecs`` vectors per row (unit ``u``: row
-  ``u >> piece_shift``); block ``b`` of ``P = pad_blocks`` takes the units ``u = b + P * (warp
-  + 8 * i)``, ``i < pad_units``, and each warp checks its own.  A lane loads the row flag
-  (``pos_to_expert < 0``) of each of its groups' units at once (one round trip, at most 8
-  groups of 32 units), the warp ballots each group and zeroes each padding unit among them
-  (16-byte stores, 512 bytes per warp instruction; a row's scale-factor words with its first
-  piece).  A unit that is not padding costs a 4-byte load.  The host picks one of two
-  layouts:
-
-  - *few padding rows* (most fused rows are routed): whole rows as units, 32 per warp, after
-    the copy's blocks in the grid: few flag-only blocks beside the copy (at decode, 4 beside
-    128 copy blocks: one block per SM);
-  - *mostly padding* (many rows past the most routed pairs, e.g. the MoE layer's no-sync
-    bound at decode: 3840 of 4864 rows): pieces of at most 64 vectors (two stores per lane),
-    an odd ``P`` of about one block per SM, first in the grid.  Every block then holds
-    pieces of rows spread over the whole layout, so each SM zeroes nearly the same number of
-    bytes wherever the padding lies (an odd stride does not follow a power-of-two alignment's
-    pattern), and the copy's blocks fill the other slots.
+* Blocks ``[copy_blocks, num_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
+  256, a multiple of 32: the host's choice, about two blocks per SM when many rows are
+  surely padding, else 256).  Each thread
+  loads its lane's ``pos_to_expert`` flag of every group of 32 rows at once (one round trip;
+  every warp loads the same lines), and per group every warp ballots the same 32 flags, so
+  each warp holds the same mask without shared memory or a barrier, and the whole block
+  zeroes each padding row among them in turn (16-byte stores, 4 KB
+  per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
+  (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
+  that is not padding costs a 4-byte load, not a thread per 16-byte lane.
+  These blocks come last in the grid, so the copy's blocks are dispatched first, one per
+  SM when there are few tokens (decode), and the padding blocks take the slots left.
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
-  the thread and unit indices are 32-bit (the host bounds the grid's threads and the units
-  below 2^31).
+  the thread indices are 32-bit (the host bounds the grid's threads below 2^31).
 
 No static configuration: one kernel serves every dtype, hidden size, top-k and
 scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_row``).
@@ -96,13 +88,8 @@ def expand_to_fused_kernel():
         out_sf: T.Tensor[(out_sf_words,), T.uint32],
         lanes_per_row: T.int32,
         block_span: T.int32,
-        copy_first: T.int32,
         copy_blocks: T.int32,
-        pad_first: T.int32,
-        pad_blocks: T.int32,
-        pad_units: T.int32,
-        piece_shift: T.int32,
-        piece_vecs: T.int32,
+        pad_span: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
@@ -120,19 +107,17 @@ def expand_to_fused_kernel():
             mask = T.alloc_var(T.uint32)
             count = T.alloc_var(T.int32)
             slot = T.alloc_var(T.int32)
-            first = T.alloc_var(T.int32)
-            unit = T.alloc_var(T.int32)
-            start = T.alloc_var(T.int32)
+            prow = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
             flat = T.alloc_var(T.int32)
 
-            if bid >= copy_first and bid < copy_first + copy_blocks:
+            if bid < copy_blocks:
                 # ---- the copy: a token's row to every fused row it is routed to
                 # the block's first `block_span` threads take consecutive lanes of the flat
                 # (token, lane) index: whole tokens per block when the host sets
                 # block_span = tokens_per_block * lanes_per_row, the flat index when THREADS
-                flat = (bid - copy_first) * block_span + tid
+                flat = bid * block_span + tid
                 row = flat // lanes_per_row
                 lane = flat - row * lanes_per_row
                 if tid < block_span and row < num_tokens:
@@ -162,37 +147,32 @@ def expand_to_fused_kernel():
                                         out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
 
             else:
-                # ---- the padding check: each warp zeroes the padding units among its own
+                # ---- the padding check: 32 rows at a time, the block zeroes each padding row
                 lane = tid % 32
-                # the warp's units: first + i * 8 * pad_blocks, i < pad_units
-                first = (bid - pad_first) + (tid // 32) * pad_blocks
                 # every group's flag of this lane loaded at once (one round trip, not one per group)
                 for g in T.unroll(THREADS // 32):
                     flags[g] = 0
-                    if g * 32 + lane < pad_units:
-                        unit = first + (g * 32 + lane) * 8 * pad_blocks
-                        if unit < T.shift_left(num_rows, piece_shift):
-                            if pos_to_expert[T.shift_right(unit, piece_shift)] < 0:
-                                flags[g] = 1
+                    if g * 32 < pad_span and (bid - copy_blocks) * pad_span + g * 32 + lane < num_rows:
+                        if pos_to_expert[(bid - copy_blocks) * pad_span + g * 32 + lane] < 0:
+                            flags[g] = 1
                 for g in T.unroll(THREADS // 32):
-                    if g * 32 < pad_units:
+                    if g * 32 < pad_span:
+                        prow = (bid - copy_blocks) * pad_span + g * 32  # the group's first row
+                        # every warp ballots the same 32 flags (the branch is uniform per block)
                         mask = T.Cast(T.uint32, T.ballot(flags[g] != 0))
                         # the count fixed before the loop: a bound over `mask` itself would be
-                        # re-evaluated after each unit has consumed its bit
+                        # re-evaluated after each row has consumed its bit
                         count = T.call_extern(T.int32, "__popc", mask)
                         for r in T.serial(count):
                             slot = T.call_extern(T.int32, "__ffs", mask) - 1
                             mask = mask & (mask - T.uint32(1))
-                            unit = first + (g * 32 + slot) * 8 * pad_blocks
-                            row = T.shift_right(unit, piece_shift)
-                            start = (unit - T.shift_left(row, piece_shift)) * piece_vecs
-                            for v in T.serial(T.ceildiv(piece_vecs, 32)):
-                                if v * 32 + lane < piece_vecs and start + v * 32 + lane < row_vecs:
+                            row = prow + slot
+                            for v in T.serial(T.ceildiv(row_vecs, THREADS)):
+                                if tid + v * THREADS < row_vecs:
                                     for u in T.vectorized(4):
-                                        out[row, start + v * 32 + lane, u] = T.uint32(0)
-                            if start == 0:  # the row's first piece: its scale-factor words
-                                for s in T.serial(T.ceildiv(sf_cols, 32)):
-                                    if s * 32 + lane < sf_cols:
-                                        out_sf[row * sf_row_stride + (s * 32 + lane) * sf_col_stride] = T.uint32(0)
+                                        out[row, tid + v * THREADS, u] = T.uint32(0)
+                            for s in T.serial(T.ceildiv(sf_cols, THREADS)):
+                                if tid + s * THREADS < sf_cols:
+                                    out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
 
     return expand_to_fused
