@@ -17,6 +17,7 @@ struct Plan {
   DType out_dtype;     // E4M3, I8 (packed e2m1) or U8 (packed e5m6)
   bool quantized;      // x is a (data, sf) pair
   bool x_sf_packed;    // its factors are packed UE8M0 words
+  int64_t sms;         // (pre-quantized) the device's SMs: the grid is the blocks resident at once
 };
 
 enum class Variant { kCast, kSfOnly, kPrecomputedSf };
@@ -50,11 +51,14 @@ bool plan_quantized(const char* op, const A& a, Variant variant, Plan& p) {
             "must have shape [ceil(T / bm), %s] = [%lld, %lld] for x_block_size (%lld, %lld)",
             p.x_sf_packed ? "ceil(ceil(H / bk) / 4) (packed UE8M0)" : "ceil(H / bk)", static_cast<long long>(want_rows),
             static_cast<long long>(want_cols), static_cast<long long>(bm), static_cast<long long>(bk));
-  TKA_CHECK(a.x_sf.stride[0] < 2147483647 && a.x_sf.stride[1] < 2147483647 &&
+  // the kernel steps from row to row by byte strides below 2**31
+  TKA_CHECK(p.num_tokens <= 1 || a.x.stride[0] < 2147483647, "x.stride(0)", "of the data must be below 2**31 bytes");
+  TKA_CHECK(a.x_sf.stride[0] < 536870912 && a.x_sf.stride[1] < 2147483647 &&
                 (want_rows == 0 || (want_rows - 1) * a.x_sf.stride[0] + (want_cols - 1) * a.x_sf.stride[1] < 2147483647),
             "x's sf", "is too large for 32-bit offsets");
   p.group = 0;  // the group size is a run-time value of this kernel
-  return true;
+  p.sms = plan_sm_count(op, a.x.device);
+  return p.sms >= 0;  // else the device query failed (error set)
 }
 
 // The checks and dims the three ops share (`A` is the op's Args).
@@ -68,6 +72,7 @@ bool plan_cast(const char* op, const A& a, Variant variant, Plan& p, Config& c) 
   p.npc = npc;
   p.quantized = a.x_sf.present;
   p.x_sf_packed = false;
+  p.sms = 0;
   p.out_dtype = a.fmt == "e4m3" ? E4M3 : e5m6 ? U8 : I8;
   if (p.quantized) {
     if (!plan_quantized(op, a, variant, p)) return false;
@@ -150,8 +155,14 @@ template <typename K>
 struct HasQuantizedInput<K, std::void_t<decltype(&K::x_sf)>> : std::true_type {};
 
 template <typename A, typename K>
-void quantized_args(const A& a, const Plan& p, K& k) {
+void quantized_args(const A& a, const Plan& p, const Constants& c, K& k) {
   if constexpr (HasQuantizedInput<K>::value) {
+    // blocks per lane column: the resident blocks shared by the columns, at most one step of
+    // rows per block (each warp then walks its rows `row_grid` blocks apart)
+    const int64_t columns = ceil_div(k.lanes_per_row, 32 * (a.x.dtype == E4M3 ? 1 : 2));
+    k.row_grid = p.quantized ? std::max<int64_t>(1, std::min(ceil_div(p.num_tokens, c.quant_block_rows),
+                                                                 p.sms * c.quant_blocks_per_sm / columns))
+                             : 1;
     k.x_sf = a.x_sf.present ? a.x_sf.data : nullptr;
     k.group_pieces = p.npc / 16;
     int64_t shift = 0;
@@ -183,6 +194,9 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
   const int64_t lanes =
       warp_sf ? ceil_div(p.num_groups, c.sf_only_warp_groups) * 32 : lanes_per_row(p, c, a.use_packed_ue8m0);
   TKA_CHECK(p.num_tokens * lanes <= 2147483647 - 4096, "x", "has too many rows for one launch");
+  // (pre-quantized) a warp's row indices run up to two steps of the whole grid past the last row
+  TKA_CHECK(!p.quantized || p.num_tokens + 2 * c.quant_block_rows * p.sms * c.quant_blocks_per_sm <= 2147483647, "x",
+            "has too many rows for one launch");
   // the pre-quantized kernel: 32 lanes of 16 values per block column (grid y), and a piece's 16
   // codes stored as one vector (16 or 8 bytes)
   TKA_CHECK(!p.quantized || lanes <= int64_t{65535} * 32, "x", "has too many values per row for one launch");
@@ -204,7 +218,7 @@ bool cast_args(const char* op, const A& a, const Plan& p, const Constants& c, Ke
   k.packed_sf = a.use_packed_ue8m0 ? 1 : 0;
   k.write_out = out != nullptr;
   k.read_sf = read_sf;
-  quantized_args(a, p, k);
+  quantized_args(a, p, c, k);
   return true;
 }
 

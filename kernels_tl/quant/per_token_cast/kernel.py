@@ -52,28 +52,34 @@ step on the float32 bits; eight codes pack into three words (``tka_e5m6_pack8``:
 ``sf_inv >= 1`` (round_sf, the usual case): every product's low 16 bits are zero, so the step
 is ``bit 16 & lsb`` and two codes are rounded in one word (``tka_e5m6_pack8_short``).
 
-Pre-quantized ``(q, s_in)`` (``_quantized_input_kernel``): a block is 32 rows x 32 lanes, a lane
-16 bytes of a row (one e4m3 piece of 16 values, or two e2m1 pieces), 4 rows per thread; a lane's
-column (input-factor column, group, lead lanes) is computed once, a row's block of input factors
+Pre-quantized ``(q, s_in)`` (``_quantized_input_kernel``): a lane owns 16 bytes of a row (one e4m3
+piece of 16 values, or two e2m1 pieces) in a fixed lane column; the grid is the blocks resident at
+once, each warp walks its rows of the column two at a time and loads the next two (data and input
+factors) before it works on these, so loads stay in flight while it computes.  A lane's column
+(input-factor column, group, addresses in row 0) is computed once, a row's block of input factors
 with a multiply-high division.  Groups of 1-8 pieces at run time.  ``max |q * s_in|`` of a piece
-is the largest magnitude code (e4m3: ``VIMNMX.U16x2`` over byte pairs; e2m1: a one-hot presence
-byte by ``PRMT``) decoded and times ``|s_in|`` (``fl(|q| |s|)`` grows with ``|q|``), NaN for
-``0 * inf``; the codes are ``encode(q * (s_in * sf_inv))``: e4m3 value by value, e2m1 -> e2m1
-by a per-factor table of the 8 magnitudes' codes looked up with ``PRMT`` (a power-of-two factor
-takes its table from the exponent).  One 16- or 8-byte store per piece.
+is the largest magnitude (e4m3: ``max.NaN`` over the f16 pairs of the codes; e2m1: three halvings
+of 0..7, each one add per word) times ``|s_in|`` (``fl(|q| |s|)`` grows with ``|q|``), NaN for
+``0 * inf``; with ``round_sf`` a finite group maximum gives its power-of-two factor from its own
+bits, without the division.  The codes are ``encode(q * (s_in * sf_inv))``: e4m3 -> e4m3 with one
+``mul.f16x2`` per pair when the factor is a power of two (products exact in f16), else value by
+value; e2m1 -> e2m1 by a per-factor table of the 8 magnitudes' codes looked up with ``PRMT`` (a
+power of two takes one of ten tables kept in shared memory).  One 16- or 8-byte store per piece;
+factors as words or, packed UE8M0, as bytes (padding bytes 0).
 
 Static configurations: ``in_dtype`` (bfloat16, float32) x ``fmt`` (e4m3, e2m1) x ``group``
 (16, 32, 64, 128, 0); bfloat16/float32 x e5m6 x 0; pre-quantized float8_e4m3fn/int8 x
 e4m3/e2m1 x 0: 26 configs.  bf16 -> e4m3, 8192 x 7168, groups of 128: 42.5 us device time on an
 H200, 99% of its copy bandwidth; e5m6 54.6 us (90%) before the cheaper encoding; the
-pre-quantized kernel's expectation is in ``notes.md`` (not yet measured on a GPU).
+pre-quantized kernels' measurements and expectations are in ``notes.md``.
 """
 
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.nan_max import DEVICE_SOURCE, bf16x2_max_nan, max_nan
-from kernels_tl.quant_encoding import PASS_CONFIGS, MAX_VALUE, e2m1_nibble, has_fp4_convert, scale_factors  # noqa: F401
+from kernels_tl.quant_encoding import (PASS_CONFIGS, CLAMP_MIN, MAX_VALUE, e2m1_nibble, has_fp4_convert,  # noqa: F401
+                                       scale_factors)
 
 THREADS = 256  # per block
 # Grouped configs: every thread owns 64 bytes of bf16 x (4 16-byte pieces, 32 values) or
@@ -161,15 +167,19 @@ __device__ __forceinline__ void tka_e5m6_pack8_short(unsigned* w, float v0, floa
   w[1] = (c23 << 28) | (c23 & 0x0FFF0000u) | ((c45 << 4) & 0xFFF0u) | ((c45 >> 24) & 0xFu);
   w[2] = ((c45 << 8) & 0xFF000000u) | ((c67 << 12) & 0x00FFF000u) | (c67 >> 16);
 }
+// An f16 pair -> float32 values (exact), low half first.
+__device__ __forceinline__ float2 tka_f16x2_values(unsigned h) {
+  float lo, hi;
+  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;}"
+      : "=f"(lo), "=f"(hi) : "r"(h));
+  return make_float2(lo, hi);
+}
 // Two e4m3 codes (low byte first) -> float32, exactly; code 0x7F / 0xFF is NaN.
 __device__ __forceinline__ float2 tka_e4m3x2_values(unsigned pair) {
   unsigned h;
   unsigned short p16 = (unsigned short)(pair & 0xFFFFu);
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(p16));
-  float lo, hi;
-  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;}"
-      : "=f"(lo), "=f"(hi) : "r"(h));
-  return make_float2(lo, hi);
+  return tka_f16x2_values(h);
 }
 // Four float32 values -> four e4m3 codes (first value in the low byte), RNE, saturating
 // to +-448, NaN -> 0x7F.
@@ -192,53 +202,6 @@ __device__ __forceinline__ unsigned tka_e2m1_nibble(float v) {
   float a = fabsf(v);
   unsigned code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
   return code | ((__float_as_uint(v) >> 28) & 8u);
-}
-// max |q_i * s| of a piece as the reference takes it element by element (NaN-keeping):
-// fl(|q| |s|) grows with |q|, so it is the largest magnitude code times |s|, except that
-// 0 * inf is NaN.  `q_max`: the value of the largest magnitude code; `has_zero`: a zero magnitude.
-__device__ __forceinline__ float tka_piece_amax(float q_max, float s, bool has_zero) {
-  float a = __fmul_rn(q_max, fabsf(s));
-  return (isinf(s) && has_zero) ? __uint_as_float(0x7FFFFFFFu) : a;
-}
-// A zero byte among the magnitudes (w & 0x7F7F7F7F): the lowest zero byte borrows into its top bit
-__device__ __forceinline__ bool tka_has_zero_magnitude(unsigned w) {
-  const unsigned x = w & 0x7F7F7F7Fu;
-  return ((x - 0x01010101u) & ~x & 0x80808080u) != 0u;
-}
-// 16 e4m3 codes in four words: the largest magnitude byte by 16-bit lanes (one VIMNMX.U16x2 each)
-__device__ __forceinline__ float tka_e4m3_piece_amax(unsigned w0, unsigned w1, unsigned w2, unsigned w3, float s) {
-  const unsigned k = 0x007F007Fu;
-  unsigned m = __vmaxu2(__vmaxu2(__vmaxu2(w0 & k, (w0 >> 8) & k), __vmaxu2(w1 & k, (w1 >> 8) & k)),
-                        __vmaxu2(__vmaxu2(w2 & k, (w2 >> 8) & k), __vmaxu2(w3 & k, (w3 >> 8) & k)));
-  m = max(m & 0xFFFFu, m >> 16);
-  const bool zero = isinf(s) && (tka_has_zero_magnitude(w0) || tka_has_zero_magnitude(w1) ||
-                                 tka_has_zero_magnitude(w2) || tka_has_zero_magnitude(w3));
-  return tka_piece_amax(tka_e4m3x2_values(m).x, s, zero);
-}
-// Bit m of byte j: nibble j (0..3) or j + 4 has magnitude m (a one-hot table looked up by PRMT)
-// (PRMT reads its four selectors from the low 16 bits)
-__device__ __forceinline__ unsigned tka_e2m1_presence(unsigned w) {
-  const unsigned x = w & 0x77777777u;
-  return __byte_perm(0x08040201u, 0x80402010u, x) | __byte_perm(0x08040201u, 0x80402010u, x >> 16);
-}
-// 16 e2m1 nibbles in two words: bit m of `p` says some magnitude is m (bit 0: a zero)
-__device__ __forceinline__ float tka_e2m1_piece_amax(unsigned w0, unsigned w1, float s) {
-  unsigned p = tka_e2m1_presence(w0) | tka_e2m1_presence(w1);
-  p |= p >> 16;
-  p = (p | (p >> 8)) & 0xFFu;
-  return tka_piece_amax(tka_e2m1_value(31u - __clz(p)), s, (p & 1u) != 0u);
-}
-// the same over two pieces (four words) with one factor
-__device__ __forceinline__ float tka_e2m1_pair_amax(unsigned w0, unsigned w1, unsigned w2, unsigned w3, float s) {
-  unsigned p = tka_e2m1_presence(w0) | tka_e2m1_presence(w1) | tka_e2m1_presence(w2) | tka_e2m1_presence(w3);
-  p |= p >> 16;
-  p = (p | (p >> 8)) & 0xFFu;
-  return tka_piece_amax(tka_e2m1_value(31u - __clz(p)), s, (p & 1u) != 0u);
-}
-// Re-encoding q_i * f: four e4m3 codes -> four e4m3 codes
-__device__ __forceinline__ unsigned tka_e4m3_to_e4m3(unsigned w, float f) {
-  float2 a = tka_e4m3x2_values(w), b = tka_e4m3x2_values(w >> 16);
-  return tka_e4m3x4_codes(__fmul_rn(a.x, f), __fmul_rn(a.y, f), __fmul_rn(b.x, f), __fmul_rn(b.y, f));
 }
 // eight e4m3 codes (two words) -> eight e2m1 nibbles
 __device__ __forceinline__ unsigned tka_e4m3_to_e2m1(unsigned w0, unsigned w1, float f) {
@@ -536,13 +499,19 @@ def per_token_cast_kernel(in_dtype: str, fmt: str, group: int):
 
 
 # Pre-quantized input: a piece is 16 values (16 e4m3 bytes or 8 e2m1 bytes).  A lane owns
-# QUANT_PPL pieces of a row (16 bytes: one e4m3 piece, or two adjacent e2m1 pieces); a block is
-# 32 rows x 32 lanes: warp w takes rows w, w + 8, w + 16, w + 24 of the block's rows, lane l the
-# lane column 32 * blockIdx.y + l of each, so every load instruction of a warp reads 512
-# contiguous bytes and each thread has 64 bytes in flight.
+# QUANT_PPL pieces of a row (16 bytes: one e4m3 piece, or two adjacent e2m1 pieces) in a fixed
+# lane column (32 lanes of grid column blockIdx.y), so every load instruction of a warp reads 512
+# contiguous bytes.  The grid is the blocks resident at once (the host: QUANT_BLOCKS_PER_SM per SM
+# over the columns): warp w of block (bx, by) takes rows r0 = 8 bx + w, r0 + G, r0 + 2 G, ...
+# (G = 8 gridDim.x) of its column, QUANT_STEP_ROWS of them per step, and loads the next step's
+# rows (data and input factors, 32 bytes a thread) before it works on this step's, so that every
+# warp keeps loads in flight while it computes (a one-shot thread waits for all its loads, then
+# computes with none in flight).
 QUANT_PPL = {"float8_e4m3fn": 1, "int8": 2}  # pieces per lane
-QUANT_ROWS = 4  # rows per thread
-QUANT_PIECE_VALUES = 16
+QUANT_STEP_ROWS = 2  # rows of a warp per step: 32 bytes a thread in flight while it works on 32
+# Resident blocks per SM (the launch bounds): the registers of two steps of buffers and the row
+# work; the e2m1 pieces' work needs more than 64 (4 blocks would spill).
+QUANT_BLOCKS_PER_SM = {"float8_e4m3fn": 4, "int8": 3}
 _QUANT_WORDS = {"float8_e4m3fn": 4, "int8": 2, "e4m3": 4, "e2m1": 2}  # 32-bit words per 16 values
 
 
@@ -555,19 +524,40 @@ def fast_div_params(d: int) -> tuple:
 
 
 QUANT_SOURCE = r"""
-// A lane's two adjacent 8-byte pieces at p into dst[0..3]: one 16-byte load when p is 16-byte
-// aligned, else two 8-byte loads (rows that start 8-byte aligned only); without `second` (a
-// row's last, odd piece) the first only, dst[2..3] = 0
-__device__ __forceinline__ void tka_load_pair(unsigned* dst, const void* p, bool second) {
+// A lane's place in row 0 of a tensor (`p` plus `bytes`) as an integer, kept per thread: it goes
+// through a shuffle with the lane itself, so that the compiler holds it in registers rather than
+// derive it again inside the row loop; and the same place `row` rows further for a row stride of
+// `stride` bytes (below 2**31: one wide multiply-add)
+__device__ __forceinline__ unsigned long long tka_addr(const void* p, unsigned bytes) {
+  return __shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(p) + bytes, threadIdx.x & 31u);
+}
+__device__ __forceinline__ unsigned* tka_at(unsigned long long base, int row, int stride) {
+  return reinterpret_cast<unsigned*>(base + static_cast<unsigned long long>(static_cast<unsigned>(row)) *
+                                                static_cast<unsigned>(stride));
+}
+// A lane's 16 bytes of a row (one e4m3 piece)
+__device__ __forceinline__ void tka_load_x4(unsigned* dst, unsigned long long base, int row, int stride) {
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3]) : "l"(tka_at(base, row, stride)));
+}
+// A lane's two adjacent 8-byte pieces of a row into dst[0..3]: one 16-byte load when they are
+// 16-byte aligned, else two 8-byte loads (rows that start 8-byte aligned only); without `second`
+// (a row's last, odd piece) the first only, dst[2..3] = 0
+__device__ __forceinline__ void tka_load_pair(unsigned* dst, unsigned long long base, int row, int stride, bool second) {
+  const unsigned* p = tka_at(base, row, stride);
   if (second && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull) {
     asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3]) : "l"(p));
   } else {
     asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(dst[0]), "=r"(dst[1]) : "l"(p));
     dst[2] = 0u;
     dst[3] = 0u;
-    if (second)
-      asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(dst[2]), "=r"(dst[3]) : "l"(static_cast<const unsigned*>(p) + 2));
+    if (second) asm("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(dst[2]), "=r"(dst[3]) : "l"(p + 2));
   }
+}
+__device__ __forceinline__ unsigned tka_load_word(unsigned long long base, int row, int stride) {
+  unsigned v;
+  asm("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(tka_at(base, row, stride)));
+  return v;
 }
 // One piece's codes as one 16-byte or 8-byte store, or a lane's two e2m1 pieces (16 bytes when
 // aligned); a struct store of uint4 is split into four 4-byte stores by the compiler, PTX is not
@@ -577,18 +567,112 @@ __device__ __forceinline__ void tka_store_x4(void* p, unsigned a, unsigned b, un
 __device__ __forceinline__ void tka_store_x2(void* p, unsigned a, unsigned b) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
 }
-__device__ __forceinline__ void tka_store_pair(void* p, unsigned a, unsigned b, unsigned c, unsigned d, bool first,
-                                               bool second) {
-  if (first && second && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull) {
+__device__ __forceinline__ void tka_store_row_x4(unsigned long long base, int row, int stride, unsigned a, unsigned b,
+                                                 unsigned c, unsigned d) {
+  tka_store_x4(tka_at(base, row, stride), a, b, c, d);
+}
+__device__ __forceinline__ void tka_store_row_x2(unsigned long long base, int row, int stride, unsigned a, unsigned b) {
+  tka_store_x2(tka_at(base, row, stride), a, b);
+}
+__device__ __forceinline__ void tka_store_pair(unsigned long long base, int row, int stride, unsigned a, unsigned b,
+                                               unsigned c, unsigned d, bool second) {
+  unsigned* p = tka_at(base, row, stride);
+  if (second && (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull) {
     tka_store_x4(p, a, b, c, d);
   } else {
-    if (first) tka_store_x2(p, a, b);
-    if (second) tka_store_x2(static_cast<unsigned*>(p) + 2, c, d);
+    tka_store_x2(p, a, b);
+    if (second) tka_store_x2(p + 2, c, d);
+  }
+}
+// A group's factor into the sf grid: the fp32 word, or with `packed` the UE8M0 byte (`base` is
+// then the address of the byte in row 0)
+__device__ __forceinline__ void tka_store_factor(unsigned long long base, int row, int stride, unsigned bits,
+                                                 int packed) {
+  unsigned* p = tka_at(base, row, stride);
+  if (packed != 0) {
+    asm volatile("st.global.u8 [%0], %1;" ::"l"(p), "h"(static_cast<unsigned short>(bits & 0xFFu)) : "memory");
+  } else {
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(bits) : "memory");
   }
 }
 // n / d for 0 <= n < 2**31 with the host's (mul, shift) of d (host.h; kernel.py: fast_div_params)
 __device__ __forceinline__ int tka_fast_div(int n, int mul, int shift) {
   return (int)((__umulhi((unsigned)n, (unsigned)mul) + (unsigned)n) >> shift);
+}
+// An input factor from its raw x_sf word: the float32 itself, or with `packed` the UE8M0 byte
+// at bit `shift` as a float32 exponent field (byte 0 gives 0.0)
+__device__ __forceinline__ float tka_input_factor(unsigned raw, unsigned shift, int packed) {
+  return __uint_as_float(packed != 0 ? ((raw >> shift) & 0xFFu) << 23 : raw);
+}
+// A group's factor from its maximum, as the reference's scale_factors_from_amax for the format's
+// MAX = max_value: c = max(amax, clamp) (NaN kept), sf = c / MAX, sf_inv = MAX / c (IEEE
+// divisions).  With round_sf and a finite c, sf = 2**e, e = ceil(log2(sf)), sf_inv = 2**-e, e
+// from c's bits alone: c / MAX rounded to float32 lands on a power of two from above only within
+// half an ulp of it, which no float c reaches (MAX has 3 significant bits), so e is c's exponent
+// less MAX's, plus one where c's mantissa field exceeds MAX's (checked for every float32 c).
+// *bits: the fp32 factor, or with `packed` its UE8M0 byte (0xFF for a NaN or infinite c).
+__device__ __forceinline__ float tka_group_factor(float amax, float max_value, float clamp, int round_sf, int packed,
+                                                  unsigned* bits) {
+  const float c = tka_max_nan(amax, clamp);
+  const unsigned cb = __float_as_uint(c), mb = __float_as_uint(max_value);
+  if (round_sf != 0 && cb < 0x7F800000u) {
+    const unsigned e = ((cb + (0x7FFFFFu - (mb & 0x7FFFFFu))) >> 23) - ((mb >> 23) - 127u);  // biased
+    *bits = packed != 0 ? e : e << 23;
+    return __uint_as_float((254u - e) << 23);
+  }
+  const unsigned sf = __float_as_uint(__fdiv_rn(c, max_value));
+  *bits = round_sf != 0 && packed != 0 ? 0xFFu : sf;
+  return __fdiv_rn(max_value, c);
+}
+// Four e4m3 codes -> two f16 pairs, exactly (0x7F / 0xFF: NaN): codes 0, 1 in h[0], 2, 3 in h[1]
+__device__ __forceinline__ void tka_e4m3x4_f16x2(unsigned w, unsigned* h) {
+  asm("{.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;}"
+      : "=r"(h[0]), "=r"(h[1]) : "r"(w));
+}
+// max |q_i * s| of a piece of 16 e4m3 codes held as 8 f16 pairs, as the reference takes it value
+// by value (NaN-keeping): fl(|q| |s|) grows with |q|, so the largest |q| (max.NaN over |h|) times
+// |s|, except that 0 * inf is NaN
+__device__ __forceinline__ float tka_e4m3_piece_amax(const unsigned* h, float s) {
+  unsigned m[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm("{.reg .b32 x, y;\n\tabs.f16x2 x, %1;\n\tabs.f16x2 y, %2;\n\tmax.NaN.f16x2 %0, x, y;}"
+        : "=r"(m[i]) : "r"(h[2 * i]), "r"(h[2 * i + 1]));
+  asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(m[0]) : "r"(m[1]));
+  asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(m[2]) : "r"(m[3]));
+  asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(m[0]) : "r"(m[2]));
+  const float2 q = tka_f16x2_values(m[0]);
+  const float a = __fmul_rn(tka_max_nan(q.x, q.y), fabsf(s));
+  if (isinf(s)) {
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if ((h[i] & 0x7FFFu) == 0u || (h[i] & 0x7FFF0000u) == 0u) return __uint_as_float(0x7FFFFFFFu);
+  }
+  return a;
+}
+// The e4m3 codes of q_i * f of a piece (8 f16 pairs) into r[0..3].  |f| a power of two in
+// [2**-14, 2**5]: every product is exact in f16 (|q| <= 448 is a multiple of 2**-9, the f16 grid
+// is 2**-24 and the largest product 448 * 32 is finite), so one mul.f16x2 per pair and the
+// saturating convert give the reference's codes; any other f value by value in float32.
+__device__ __forceinline__ void tka_e4m3_piece_codes(const unsigned* h, float f, unsigned* r) {
+  const unsigned b = __float_as_uint(f) & 0x7FFFFFFFu;
+  if ((b & 0x7FFFFFu) == 0u && b - 0x38800000u <= 0x42000000u - 0x38800000u) {
+    unsigned f2;
+    asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(f2) : "f"(f));
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      unsigned short lo, hi;
+      asm("{.reg .b32 p;\n\tmul.rn.f16x2 p, %1, %2;\n\tcvt.rn.satfinite.e4m3x2.f16x2 %0, p;}" : "=h"(lo) : "r"(h[2 * i]), "r"(f2));
+      asm("{.reg .b32 p;\n\tmul.rn.f16x2 p, %1, %2;\n\tcvt.rn.satfinite.e4m3x2.f16x2 %0, p;}" : "=h"(hi) : "r"(h[2 * i + 1]), "r"(f2));
+      r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+  } else {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = tka_f16x2_values(h[2 * i]), b2 = tka_f16x2_values(h[2 * i + 1]);
+      r[i] = tka_e4m3x4_codes(__fmul_rn(a.x, f), __fmul_rn(a.y, f), __fmul_rn(b2.x, f), __fmul_rn(b2.y, f));
+    }
+  }
 }
 // The e2m1 code (0..7) of a value a >= 0 (or +inf): round to nearest even, saturating at 6.
 // min(a, 6) = K + s * t with t = rne(a / s) for the binade's step s (0.5 below 2, 1 below 4,
@@ -611,38 +695,55 @@ __device__ __forceinline__ unsigned long long tka_e2m1_table(float f) {
                 (tka_e2m1_code(__fmul_rn(4.0f, a)) << 16) | (tka_e2m1_code(__fmul_rn(6.0f, a)) << 24);
   return ((unsigned long long)hi << 32) | lo;
 }
-// The same table, cheaper when |f| = 2**k is a normal power of two (pre-quantized UE8M0 or
-// power-of-two input factors with round_sf): the products are exact, so the table depends on
-// k only.  k >= 0: magnitude code m moves up 2k codes (0.5 to 2**(k-1): 2k), saturating at 7;
-// k = -1..-4: the rounded codes of m * 2**k; k <= -5: all 0.  (Equal to tka_e2m1_table for
-// every power of two; others take it.)
-__device__ __forceinline__ unsigned long long tka_e2m1_table_pow2(float f) {
-  const unsigned b = __float_as_uint(f) & 0x7FFFFFFFu;
-  if ((b & 0x7FFFFFu) != 0u || b - 0x00800000u >= 0x7F000000u) return tka_e2m1_table(f);
-  const int k = (int)(b >> 23) - 127;
-  unsigned lo, hi;
-  if (k >= 0) {
-    const unsigned add = 2u * (unsigned)min(k, 4);
-    lo = __vminu4((k == 0 ? 0x03020100u : 0x03020000u) + add * 0x01010100u, 0x07070707u);
-    hi = __vminu4(0x07060504u + add * 0x01010101u, 0x07070707u);
-  } else {
-    lo = k == -1 ? 0x02010000u : k == -2 ? 0x01000000u : 0u;
-    hi = k == -1 ? 0x05040302u : k == -2 ? 0x03020201u : k == -3 ? 0x02010100u : k == -4 ? 0x01000000u : 0u;
-  }
-  return ((unsigned long long)hi << 32) | lo;
+// f is finite and >= +0 (its sign bit clear)
+__device__ __forceinline__ bool tka_finite_nonnegative(float f) { return __float_as_uint(f) < 0x7F800000u; }
+// The table of a finite f >= +0.  A power of two 2**k (UE8M0 input factors with round_sf, the usual
+// case) takes one of the block's ten tables in shared memory, `tables[k + 5]` for k = -5 .. 4
+// (made by tka_e2m1_table at the start): below 2**-5 (any f, its exponent field below 122) every
+// product, at most 6 f, rounds to 0 as with k = -5, and from k = 4 on every nonzero magnitude
+// saturates, so the exponent is clamped to that range.
+__device__ __forceinline__ unsigned long long tka_e2m1_table_of(float f, const void* tables) {
+  const unsigned b = __float_as_uint(f), e = b >> 23;
+  if ((b & 0x7FFFFFu) == 0u || e < 122u)
+    return static_cast<const unsigned long long*>(tables)[min(max((int)e - 122, 0), 9)];
+  return tka_e2m1_table(f);
 }
-// eight e2m1 nibbles -> eight e2m1 nibbles, the codes of q_i * f; a non-finite f (where
-// products can be NaN) takes the value-by-value path
-__device__ __forceinline__ unsigned tka_e2m1_requant(unsigned w, unsigned long long table, float f) {
-  if (!isfinite(f)) return tka_e2m1_to_e2m1(w, f);
-  unsigned t0 = (unsigned)table, t1 = (unsigned)(table >> 32);
-  const unsigned x = w & 0x77777777u;  // magnitudes (PRMT reads its selectors from the low 16 bits)
+// Magnitudes of e2m1 nibbles: x = w & 0x77777777.  Whether some magnitude of the n words x[0 .. n)
+// is >= t (1 <= t <= 7): x + (8 - t) in every nibble carries into its bit 3 exactly there (at most
+// 7 + 7, no carry between nibbles).
+__device__ __forceinline__ bool tka_e2m1_any_ge(const unsigned* x, int n, unsigned t) {
+  const unsigned k = (8u - t) * 0x11111111u;
+  unsigned a = 0u;
+  #pragma unroll
+  for (int i = 0; i < n; ++i) a |= x[i] + k;
+  return (a & 0x88888888u) != 0u;
+}
+// max |q_i * s| of the e2m1 codes of n words with magnitudes x[0 .. n), as the reference takes it
+// value by value (NaN-keeping): fl(|q| |s|) grows with |q|, so the largest magnitude m (three
+// halvings of 0..7) times |s|, except that 0 * inf is NaN (a zero magnitude: a nibble below 1)
+__device__ __forceinline__ float tka_e2m1_amax(const unsigned* x, int n, float s) {
+  const unsigned t2 = tka_e2m1_any_ge(x, n, 4u) ? 6u : 2u;
+  const unsigned t3 = tka_e2m1_any_ge(x, n, t2) ? t2 + 1u : t2 - 1u;
+  const unsigned m = tka_e2m1_any_ge(x, n, t3) ? t3 : t3 - 1u;
+  // its value: 2**(m / 2 - 1) * (1 + (m % 2) / 2) for m >= 2, 0.5 and 0 below
+  const float q = __uint_as_float(m >= 2u ? (m << 22) + 0x3F000000u : (m == 1u ? 0x3F000000u : 0u));
+  if (isinf(s)) {
+    #pragma unroll
+    for (int i = 0; i < n; ++i)
+      if (((x[i] + 0x77777777u) & 0x88888888u) != 0x88888888u) return __uint_as_float(0x7FFFFFFFu);
+  }
+  return __fmul_rn(q, fabsf(s));
+}
+// Eight e2m1 nibbles (word w, magnitudes x) -> the codes of q_i * f for a finite f >= +0 by its
+// table: byte m of the table is a magnitude's code (PRMT reads four selectors from the low 16
+// bits: nibbles 0..3 from x, 4..7 from x >> 16), each code keeps its input's sign
+__device__ __forceinline__ unsigned tka_e2m1_lookup(unsigned w, unsigned x, unsigned long long table) {
+  const unsigned t0 = (unsigned)table, t1 = (unsigned)(table >> 32);
   unsigned lo = __byte_perm(t0, t1, x);        // codes of nibbles 0..3, one per byte
   unsigned hi = __byte_perm(t0, t1, x >> 16);  // nibbles 4..7
-  lo |= lo >> 4;  // bytes 0 and 2 hold two codes each
-  hi |= hi >> 4;
-  unsigned sign = (__float_as_uint(f) >> 31) * 0x88888888u;
-  return __byte_perm(lo, hi, 0x6420u) | ((w & 0x88888888u) ^ sign);
+  lo += lo >> 4;  // bytes 0 and 2 hold two codes each
+  hi += hi >> 4;
+  return __byte_perm(lo, hi, 0x6420u) | (w & 0x88888888u);
 }
 """
 
@@ -653,20 +754,51 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
     ``out = encode(q * (s_in * sf_inv))``.  The group size is a run-time value: a group is
     ``group_pieces`` (1, 2, 4 or 8) consecutive pieces, i.e. ``group_pieces / QUANT_PPL`` lanes or
     (group 16 of e2m1 pieces) half a lane.  A thread's lane column (its input-factor columns,
-    groups, lead lanes) is fixed; per row it takes one multiply-high division (the row's block of
-    input factors)."""
+    groups, addresses in row 0) is fixed; per row it takes one multiply-high division (the row's
+    block of input factors).  ``row_grid`` (gridDim.x) blocks share a column and step through its
+    rows (the comment above QUANT_PPL)."""
     assert fmt in ("e4m3", "e2m1")
     ppl = QUANT_PPL[in_dtype]
-    reps = QUANT_ROWS
-    rows_per_block = (THREADS // WARP) * reps
+    step = QUANT_STEP_ROWS
+    warps = THREADS // WARP
     in_words, out_words = _QUANT_WORDS[in_dtype], _QUANT_WORDS[fmt]
-    requant_e2m1 = in_dtype == "int8" and fmt == "e2m1"
+    e4m3_in = in_dtype == "float8_e4m3fn"
+    max_value, clamp = T.float32(MAX_VALUE[fmt]), T.float32(CLAMP_MIN[fmt])
 
     num_tokens = T.dynamic("num_tokens")
     row_pieces = T.dynamic("row_pieces")  # hidden / 16
     x_stride = T.dynamic("x_stride")  # 32-bit words between rows of the data
     sf_words = T.dynamic("sf_words")
     x_sf_words = T.dynamic("x_sf_words")
+
+    @T.macro
+    def group_factor(amax, sf_inv, sf_bits, sf_at, sf_lead, sf_keep, k, row, num_tokens, round_sf, packed_sf,
+                     sf_row_stride):
+        """Group k's factor of the lane (sf_inv[k], sf_bits[k]) and its store by the group's first
+        lane."""
+        sf_inv[k] = T.call_extern(T.float32, "tka_group_factor", amax[k], max_value, clamp, round_sf, packed_sf,
+                                  T.address_of(sf_bits[k]))
+        if row < num_tokens and sf_lead[k] != 0:
+            T.evaluate(T.call_extern("void", "tka_store_factor", sf_at[k], row, sf_row_stride * 4,
+                                     T.if_then_else(sf_keep[k] != 0, sf_bits[k], T.uint32(0)), packed_sf))
+
+    @T.macro
+    def load_step(w, raw, rows, x_at, x_sf_at, lane_ok, second, split, pair16, block_rows_mul, block_rows_shift,
+                  x_sf_row_bytes):
+        """The data and raw input factors of `step` rows (rows[r]; rows past the end and lanes
+        past a row load nothing)."""
+        for r in T.unroll(step):
+            if rows[r] < num_tokens and lane_ok:
+                if ppl == 1 or pair16:
+                    T.evaluate(T.call_extern("void", "tka_load_x4", T.address_of(w[r, 0]), x_at, rows[r], x_stride * 4))
+                else:
+                    T.evaluate(T.call_extern("void", "tka_load_pair", T.address_of(w[r, 0]), x_at, rows[r], x_stride * 4,
+                                             second))
+                brow = T.call_extern(T.int32, "tka_fast_div", rows[r], block_rows_mul, block_rows_shift)
+                raw[r, 0] = T.call_extern(T.uint32, "tka_load_word", x_sf_at[0], brow, x_sf_row_bytes)
+                if ppl == 2:
+                    if split:  # the lane's second piece has its own input factor
+                        raw[r, 1] = T.call_extern(T.uint32, "tka_load_word", x_sf_at[1], brow, x_sf_row_bytes)
 
     @T.prim_func
     def per_token_cast_quantized(
@@ -688,180 +820,202 @@ def _quantized_input_kernel(in_dtype: str, fmt: str):
         x_sf_row_stride: T.int32,
         x_sf_col_stride: T.int32,
         x_sf_packed: T.int32,
+        row_grid: T.int32,  # blocks per lane column (the host: the resident blocks over the columns)
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), T.ceildiv(lanes_per_row, WARP * ppl),
-                      threads=THREADS) as (bx, by):
+        with T.Kernel(row_grid, T.ceildiv(lanes_per_row, WARP * ppl), threads=THREADS) as (bx, by):
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             T.assume(x_stride % in_words == 0)
             T.assume(block_pieces > 0)
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
+            T.annotate_min_blocks_per_sm(QUANT_BLOCKS_PER_SM[in_dtype])
             T.import_source(DEVICE_SOURCE + CAST_SOURCE + QUANT_SOURCE)
 
-            w = T.alloc_local((reps, ppl * in_words), T.uint32)  # a lane's pieces of a row
-            s_in = T.alloc_local((reps, ppl), T.float32)
-            amax = T.alloc_local((reps * ppl,), T.float32)
-            sf_inv = T.alloc_local((reps * ppl,), T.float32)
-            sf_bits = T.alloc_local((reps * ppl,), T.uint32)
-            res = T.alloc_local((ppl * out_words,), T.uint32)
-            rows = T.alloc_local((reps,), T.int32)
-            x_sf_col = T.alloc_local((ppl,), T.int32)
-            x_sf_shift = T.alloc_local((ppl,), T.uint32)
+            w = T.alloc_local((step, 4), T.uint32)  # this step's rows: the lane's 16 bytes of each
+            w_next = T.alloc_local((step, 4), T.uint32)  # the next step's, loading meanwhile
+            raw = T.alloc_local((step, ppl), T.uint32)  # raw input factors of the lane's pieces
+            raw_next = T.alloc_local((step, ppl), T.uint32)
+            rows = T.alloc_local((step,), T.int32)  # rows of the next step
+            h = T.alloc_local((8,), T.uint32)  # e4m3 data: the piece as f16 pairs
+            s_in = T.alloc_local((ppl,), T.float32)
+            amax = T.alloc_local((ppl,), T.float32)
+            sf_inv = T.alloc_local((ppl,), T.float32)
+            sf_bits = T.alloc_local((ppl,), T.uint32)
+            res = T.alloc_local((4,), T.uint32)
             blocks = T.alloc_local((ppl,), T.int32)
-            sf_word = T.alloc_var(T.uint32)
-            part = T.alloc_var(T.uint32)
-            if requant_e2m1:
-                table = T.alloc_local((ppl,), T.uint64)
+            x_sf_shift = T.alloc_local((ppl,), T.uint32)  # packed input factors: the byte's bit offset
+            x_sf_at = T.alloc_local((ppl,), T.uint64)  # the input factors' word of the lane's pieces, row 0
+            sf_at = T.alloc_local((ppl,), T.uint64)  # the factor's word (packed: byte) of the lane's groups
+            sf_lead = T.alloc_local((ppl,), T.int32)  # the lane stores the group's factor (a byte of it)
+            sf_keep = T.alloc_local((ppl,), T.int32)  # the group is in the row (else a padding byte, 0)
+            if not e4m3_in:
+                mx = T.alloc_local((4,), T.uint32)  # e2m1 data: the words' magnitudes (w & 0x77777777)
+                if fmt == "e2m1":
+                    table = T.alloc_local((ppl,), T.uint64)
+                    pow2_tables = T.alloc_shared((10,), T.uint64)  # tka_e2m1_table_of
+            first = T.alloc_var(T.int32)
+            row = T.alloc_var(T.int32)
+            x_at = T.alloc_var(T.uint64)  # the lane's data in row 0
+            out_at = T.alloc_var(T.uint64)  # the lane's codes in row 0
 
             # ---- the thread's lane column: its pieces, their input-factor columns, groups
             first = (by * WARP + tid % WARP) * ppl  # first piece of the lane
+            lane_ok = first < row_pieces
+            second = first + 1 < row_pieces  # (two pieces) the lane's second piece is in the row
+            x_at = T.call_extern(T.uint64, "tka_addr", T.address_of(x[0, first, 0]), T.uint32(0))
+            out_at = T.call_extern(T.uint64, "tka_addr", T.address_of(out[0, first, 0]), T.uint32(0))
             for k in T.unroll(ppl):
                 blocks[k] = (first + k) // block_pieces  # the thread's divisions (32-bit)
-                # input factor of a row of blocks: word `x_sf_col`, bits from `x_sf_shift` (packed
-                # UE8M0: byte block % 4 of word block // 4, as a float32 exponent field; 0 gives 0.0)
-                x_sf_col[k] = blocks[k] * x_sf_col_stride
-                x_sf_shift[k] = T.uint32(0)
-                if x_sf_packed != 0:
-                    x_sf_col[k] = (blocks[k] >> 2) * x_sf_col_stride
-                    x_sf_shift[k] = T.Cast("uint32", (blocks[k] & 3) * 8)
-            # lanes per group (>= 1) and per packed word of 4 groups: powers of two dividing 32
-            group_lanes = T.max(group_pieces // ppl, 1)
-            word_lanes = 4 * group_pieces // ppl
-            word_step = T.max(word_lanes // 4, 1)  # lanes between the groups of a word
-            for r in T.unroll(reps):
-                rows[r] = bx * rows_per_block + r * (THREADS // WARP) + tid // WARP
+                # input factor of a row of blocks: column `block`, or packed UE8M0 byte block % 4
+                # of column block // 4
+                x_sf_shift[k] = T.if_then_else(x_sf_packed != 0, T.Cast("uint32", (blocks[k] & 3) * 8), T.uint32(0))
+                x_sf_at[k] = T.call_extern(T.uint64, "tka_addr", T.address_of(x_sf[T.if_then_else(
+                    x_sf_packed != 0, blocks[k] >> 2, blocks[k]) * x_sf_col_stride]), T.uint32(0))
+                # the group's factor: the group's first lane stores it, packed UE8M0 as byte g % 4 of
+                # word g // 4, also for the groups past the row that fill the row's last word (0)
+                g = (first + k) >> group_shift
+                sf_at[k] = T.call_extern(T.uint64, "tka_addr", T.address_of(sf[T.if_then_else(
+                    packed_sf != 0, g >> 2, g) * sf_col_stride]), T.if_then_else(packed_sf != 0, T.Cast("uint32", g & 3),
+                                                                                 T.uint32(0)))
+                sf_keep[k] = T.Cast("int32", g < num_groups)
+                sf_lead[k] = T.Cast("int32", T.And(((first + k) & (group_pieces - 1)) == 0,
+                                                   T.Or(g < num_groups, T.And(packed_sf != 0, g < ((num_groups + 3) >> 2) * 4))))
+            split = T.And(second, blocks[ppl - 1] != blocks[0])  # (two pieces) two input factors
+            # (two pieces) both in the row and every row's two 16-byte aligned: one vector each
+            pair16 = T.And(second, x_stride % 4 == 0)
+            out16 = T.And(second, T.And(row_pieces % 2 == 0, (out_at & T.uint64(15)) == T.uint64(0)))
+            # lanes of a group: shuffle masks 1, 2, 4 below that count, else 0 (a lane with itself)
+            group_mask = T.max(group_pieces // ppl, 1) - 1
+            if not e4m3_in and fmt == "e2m1":
+                if tid < 10:
+                    pow2_tables[tid] = T.call_extern(T.uint64, "tka_e2m1_table", T.call_extern(
+                        T.float32, "ldexpf", T.float32(1), tid - 5))
+                T.sync_threads()
 
-            # ---- loads: every piece's data and input factor first
-            for r in T.unroll(reps):
+            # ---- rows: warp w of block bx takes rows 8 bx + w + j * 8 row_grid, `step` at a time;
+            # every warp of a block runs the same steps (uniform shuffles), rows past the end
+            # are computed on stale registers and neither loaded nor stored
+            for r in T.unroll(step):
+                rows[r] = bx * warps + tid // WARP + r * row_grid * warps
+                for u in T.unroll(4):
+                    w_next[r, u] = T.uint32(0)
                 for k in T.unroll(ppl):
-                    s_in[r, k] = T.float32(0)
-                if rows[r] < num_tokens and first < row_pieces:
-                    if ppl == 1:
-                        for u in T.vectorized(in_words):
-                            w[r, u] = x[rows[r], first, u]
-                    else:
-                        T.evaluate(T.call_extern("void", "tka_load_pair", T.address_of(w[r, 0]),
-                                                 T.address_of(x[rows[r], first, 0]), first + 1 < row_pieces))
-                    brow = T.call_extern(T.int32, "tka_fast_div", rows[r], block_rows_mul, block_rows_shift)
+                    raw_next[r, k] = T.uint32(0)
+            load_step(w_next, raw_next, rows, x_at, x_sf_at, lane_ok, second, split, pair16, block_rows_mul,
+                      block_rows_shift, x_sf_row_stride * 4)
+            for s in T.serial(T.ceildiv(T.ceildiv(num_tokens - bx * warps, row_grid * warps), step)):
+                for r in T.unroll(step):
+                    for u in T.unroll(4):
+                        w[r, u] = w_next[r, u]
                     for k in T.unroll(ppl):
-                        if first + k < row_pieces:
-                            if k == 0:
-                                raw = x_sf[brow * x_sf_row_stride + x_sf_col[0]]
-                                s_in[r, 0] = T.reinterpret(T.if_then_else(
-                                    x_sf_packed != 0, ((raw >> x_sf_shift[0]) & T.uint32(0xFF)) << T.uint32(23), raw), T.float32)
-                            elif blocks[k] == blocks[0]:
-                                s_in[r, k] = s_in[r, 0]  # one block of input factors
-                            else:
-                                raw = x_sf[brow * x_sf_row_stride + x_sf_col[k]]
-                                s_in[r, k] = T.reinterpret(T.if_then_else(
-                                    x_sf_packed != 0, ((raw >> x_sf_shift[k]) & T.uint32(0xFF)) << T.uint32(23), raw), T.float32)
-                else:
-                    for u in T.unroll(ppl * in_words):
-                        w[r, u] = T.uint32(0)
+                        raw[r, k] = raw_next[r, k]
+                    rows[r] = rows[r] + step * row_grid * warps
+                load_step(w_next, raw_next, rows, x_at, x_sf_at, lane_ok, second, split, pair16, block_rows_mul,
+                          block_rows_shift, x_sf_row_stride * 4)
+                for r in T.unroll(step):
+                    row = rows[r] - step * row_grid * warps
+                    s_in[0] = T.call_extern(T.float32, "tka_input_factor", raw[r, 0], x_sf_shift[0], x_sf_packed)
+                    if ppl == 2:
+                        s_in[1] = s_in[0]
+                        if split:
+                            s_in[1] = T.call_extern(T.float32, "tka_input_factor", raw[r, 1], x_sf_shift[1], x_sf_packed)
 
-            # ---- max of |q * s_in| per piece (pieces past a row's end: 0), then per group
-            for r in T.unroll(reps):
-                for k in T.unroll(ppl):
-                    amax[r * ppl + k] = T.float32(0)
-                if in_dtype == "float8_e4m3fn":
-                    if rows[r] < num_tokens and first < row_pieces:
-                        amax[r * ppl] = T.call_extern(T.float32, "tka_e4m3_piece_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3],
-                                                      s_in[r, 0])
-                elif rows[r] < num_tokens and first < row_pieces:
-                    if group_pieces >= 2 and s_in[r, 1] == s_in[r, 0]:
-                        # both pieces of one group and one factor (an odd row end: w[r, 2:4] = 0 and
-                        # s_in[r, 1] = 0, so only with s_in[r, 0] = 0, where zeros change nothing)
-                        amax[r * ppl] = T.call_extern(T.float32, "tka_e2m1_pair_amax", w[r, 0], w[r, 1], w[r, 2], w[r, 3],
-                                                      s_in[r, 0])
-                    else:
-                        for k in T.unroll(ppl):
-                            if first + k < row_pieces:
-                                amax[r * ppl + k] = T.call_extern(T.float32, "tka_e2m1_piece_amax", w[r, 2 * k], w[r, 2 * k + 1],
-                                                                  s_in[r, k])
-            if ppl == 2:
-                if group_pieces >= 2:  # the lane's two pieces are of one group
-                    for r in T.unroll(reps):
-                        amax[r * ppl] = max_nan(amax[r * ppl], amax[r * ppl + 1])
-            for r in T.unroll(reps):
-                for st in T.unroll(3):
-                    if (1 << st) < group_lanes:
-                        amax[r * ppl] = max_nan(amax[r * ppl], T.shfl_xor(amax[r * ppl], 1 << st))
-
-            # ---- factors, and their store: one word per group (fp32) or per 4 groups (UE8M0)
-            for r in T.unroll(reps):
-                scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r * ppl)
-                if ppl == 2:
-                    if group_pieces >= 2:
-                        sf_bits[r * ppl + 1] = sf_bits[r * ppl]
-                        sf_inv[r * ppl + 1] = sf_inv[r * ppl]
-                    else:
-                        scale_factors(amax, fmt, round_sf, packed_sf, sf_bits, sf_inv, r * ppl + 1)
-                if packed_sf != 0:
-                    # the 4 groups of a word are `word_lanes` lanes of one warp (a warp's lanes start
-                    # at a multiple of 32 pieces): every lane ORs its groups' bytes in, the word's
-                    # first lane gathers the others' (lanes of one group hold the same bytes)
-                    part = T.uint32(0)
-                    for k in T.unroll(ppl):
-                        if ((first + k) >> group_shift) < num_groups:
-                            part = part | (sf_bits[r * ppl + k] << T.Cast("uint32", 8 * (((first + k) >> group_shift) & 3)))
-                    sf_word = part
-                    for m in T.unroll(1, 4):
-                        if m * word_step < word_lanes:  # uniform: word_lanes is 2 (gather 1) or 4 * word_step
-                            sf_word = sf_word | T.shfl_down(part, m * word_step)
-                    if (rows[r] < num_tokens and (first & (4 * group_pieces - 1)) == 0
-                            and (first >> group_shift) < num_groups):
-                        sf[rows[r] * sf_row_stride + ((first >> group_shift) >> 2) * sf_col_stride] = sf_word
-                else:
-                    for k in T.unroll(ppl):
-                        if (rows[r] < num_tokens and ((first + k) & (group_pieces - 1)) == 0
-                                and ((first + k) >> group_shift) < num_groups):
-                            sf[rows[r] * sf_row_stride + ((first + k) >> group_shift) * sf_col_stride] = sf_bits[r * ppl + k]
-
-            # ---- re-encode q * (s_in * sf_inv); vector stores
-            for r in T.unroll(reps):
-                if rows[r] < num_tokens and first < row_pieces:
-                    if in_dtype == "float8_e4m3fn":
-                        f = s_in[r, 0] * sf_inv[r * ppl]
-                        if fmt == "e4m3":
-                            for u in T.unroll(4):
-                                res[u] = T.call_extern(T.uint32, "tka_e4m3_to_e4m3", w[r, u], f)
-                            T.evaluate(T.call_extern("void", "tka_store_x4", T.address_of(out[rows[r], first, 0]),
-                                                     res[0], res[1], res[2], res[3]))
-                        else:
-                            for u in T.unroll(2):
-                                res[u] = T.call_extern(T.uint32, "tka_e4m3_to_e2m1", w[r, 2 * u], w[r, 2 * u + 1], f)
-                            T.evaluate(T.call_extern("void", "tka_store_x2", T.address_of(out[rows[r], first, 0]),
-                                                     res[0], res[1]))
-                    elif fmt == "e2m1":
-                        # one table per lane when its two pieces share the factor (a table depends on |f|)
-                        table[0] = T.call_extern(T.uint64, "tka_e2m1_table_pow2", s_in[r, 0] * sf_inv[r * ppl])
-                        if s_in[r, 1] * sf_inv[r * ppl + 1] == s_in[r, 0] * sf_inv[r * ppl]:
-                            table[1] = table[0]
-                        else:
-                            table[1] = T.call_extern(T.uint64, "tka_e2m1_table_pow2", s_in[r, 1] * sf_inv[r * ppl + 1])
+                    # ---- max of |q * s_in| per piece (lanes past a row's end: 0), then per group
+                    amax[0] = T.float32(0)
+                    if e4m3_in:
                         for u in T.unroll(4):
-                            res[u] = T.call_extern(T.uint32, "tka_e2m1_requant", w[r, u], table[u // 2],
-                                                   s_in[r, u // 2] * sf_inv[r * ppl + u // 2])
-                        T.evaluate(T.call_extern("void", "tka_store_pair", T.address_of(out[rows[r], first, 0]),
-                                                 res[0], res[1], res[2], res[3], True, first + 1 < row_pieces))
+                            T.evaluate(T.call_extern("void", "tka_e4m3x4_f16x2", w[r, u], T.address_of(h[2 * u])))
+                        if lane_ok:
+                            amax[0] = T.call_extern(T.float32, "tka_e4m3_piece_amax", T.address_of(h[0]), s_in[0])
                     else:
-                        for k in T.unroll(2):
-                            if first + k < row_pieces:
-                                for u in T.unroll(4):
-                                    res[u] = T.call_extern(T.uint32, "tka_e2m1_to_e4m3", w[r, 2 * k + u // 2] >> T.uint32(16 * (u % 2)),
-                                                           s_in[r, k] * sf_inv[r * ppl + k])
-                                T.evaluate(T.call_extern("void", "tka_store_x4", T.address_of(out[rows[r], first + k, 0]),
+                        for u in T.unroll(4):
+                            mx[u] = w[r, u] & T.uint32(0x77777777)
+                        amax[1] = T.float32(0)
+                        if group_pieces >= 2 and second and s_in[1] == s_in[0]:
+                            # both pieces of one group and one factor: one maximum
+                            amax[0] = T.call_extern(T.float32, "tka_e2m1_amax", T.address_of(mx[0]), 4, s_in[0])
+                        else:
+                            if lane_ok:
+                                amax[0] = T.call_extern(T.float32, "tka_e2m1_amax", T.address_of(mx[0]), 2, s_in[0])
+                            if second:
+                                amax[1] = T.call_extern(T.float32, "tka_e2m1_amax", T.address_of(mx[2]), 2, s_in[1])
+                        if group_pieces >= 2:  # the lane's two pieces are of one group
+                            amax[0] = max_nan(amax[0], amax[1])
+                    if group_mask != 0:  # (uniform)
+                        for st in T.unroll(3):
+                            amax[0] = max_nan(amax[0], T.shfl_xor(amax[0], (1 << st) & group_mask))
+
+                    # ---- factors, and their store (a word, or a byte of a packed UE8M0 word); two
+                    # groups per lane only for e2m1 pieces in groups of 16 (uniform)
+                    group_factor(amax, sf_inv, sf_bits, sf_at, sf_lead, sf_keep, 0, row, num_tokens, round_sf, packed_sf,
+                                 sf_row_stride)
+                    if ppl == 2:
+                        sf_inv[1] = sf_inv[0]
+                        if group_pieces == 1:
+                            group_factor(amax, sf_inv, sf_bits, sf_at, sf_lead, sf_keep, 1, row, num_tokens, round_sf,
+                                         packed_sf, sf_row_stride)
+
+                    # ---- re-encode q * (s_in * sf_inv); vector stores
+                    if row < num_tokens and lane_ok:
+                        if e4m3_in:
+                            if fmt == "e4m3":
+                                T.evaluate(T.call_extern("void", "tka_e4m3_piece_codes", T.address_of(h[0]),
+                                                         s_in[0] * sf_inv[0], T.address_of(res[0])))
+                                T.evaluate(T.call_extern("void", "tka_store_row_x4", out_at, row, row_pieces * out_words * 4,
                                                          res[0], res[1], res[2], res[3]))
+                            else:
+                                for u in T.unroll(2):
+                                    res[u] = T.call_extern(T.uint32, "tka_e4m3_to_e2m1", w[r, 2 * u], w[r, 2 * u + 1],
+                                                           s_in[0] * sf_inv[0])
+                                T.evaluate(T.call_extern("void", "tka_store_row_x2", out_at, row, row_pieces * out_words * 4,
+                                                         res[0], res[1]))
+                        elif fmt == "e2m1":
+                            # a finite factor >= +0 by its table (one for both pieces when their factors
+                            # are equal, bit for bit), any other value by value
+                            table[0] = T.call_extern(T.uint64, "tka_e2m1_table_of", s_in[0] * sf_inv[0],
+                                                     T.address_of(pow2_tables[0]))
+                            table[1] = table[0]
+                            if T.reinterpret(s_in[1] * sf_inv[1], T.uint32) != T.reinterpret(s_in[0] * sf_inv[0], T.uint32):
+                                table[1] = T.call_extern(T.uint64, "tka_e2m1_table_of", s_in[1] * sf_inv[1],
+                                                         T.address_of(pow2_tables[0]))
+                            for k in T.unroll(2):
+                                if T.call_extern(T.bool, "tka_finite_nonnegative", s_in[k] * sf_inv[k]):
+                                    for u in T.unroll(2):
+                                        res[2 * k + u] = T.call_extern(T.uint32, "tka_e2m1_lookup", w[r, 2 * k + u],
+                                                                       mx[2 * k + u], table[k])
+                                else:
+                                    for u in T.unroll(2):
+                                        res[2 * k + u] = T.call_extern(T.uint32, "tka_e2m1_to_e2m1", w[r, 2 * k + u],
+                                                                       s_in[k] * sf_inv[k])
+                            if out16:
+                                T.evaluate(T.call_extern("void", "tka_store_row_x4", out_at, row, row_pieces * out_words * 4,
+                                                         res[0], res[1], res[2], res[3]))
+                            else:
+                                T.evaluate(T.call_extern("void", "tka_store_pair", out_at, row, row_pieces * out_words * 4,
+                                                         res[0], res[1], res[2], res[3], second))
+                        else:
+                            for k in T.unroll(2):
+                                if k == 0 or second:
+                                    for u in T.unroll(4):
+                                        res[u] = T.call_extern(T.uint32, "tka_e2m1_to_e4m3",
+                                                               w[r, 2 * k + u // 2] >> T.uint32(16 * (u % 2)),
+                                                               s_in[k] * sf_inv[k])
+                                    T.evaluate(T.call_extern("void", "tka_store_row_x4", out_at + T.uint64(16 * k), row,
+                                                             row_pieces * out_words * 4, res[0], res[1], res[2], res[3]))
 
     return per_token_cast_quantized
 
 
 def host_constants(in_dtype: str, fmt: str, group: int) -> dict:
     """The layout the host needs for the thread count of a row: lanes per group and
-    groups per lane of a grouped config (0 for one group per row), and the groups per warp of
-    the factors-only layout (0 where the config has none)."""
+    groups per lane of a grouped config (0 for one group per row), the groups per warp of
+    the factors-only layout (0 where the config has none), and for a pre-quantized input the
+    resident blocks per SM and the rows a block takes per step (its grid; 0 elsewhere)."""
     warp_groups = WARP_SF_GROUPS if in_dtype == "float32" and group == 128 else 0
+    quantized = in_dtype in QUANTIZED_INPUTS
+    layout = {"sf_only_warp_groups": warp_groups,
+              "quant_blocks_per_sm": QUANT_BLOCKS_PER_SM[in_dtype] if quantized else 0,
+              "quant_block_rows": THREADS // WARP * QUANT_STEP_ROWS if quantized else 0}
     if group == 0:  # one group per row, or a pre-quantized input (group size at run time)
-        return {"lanes_per_group": 0, "groups_per_lane": 0, "sf_only_warp_groups": warp_groups}
+        return {"lanes_per_group": 0, "groups_per_lane": 0, **layout}
     tpg, _, rounds = _group_layout(in_dtype, group)
-    return {"lanes_per_group": tpg, "groups_per_lane": rounds, "sf_only_warp_groups": warp_groups}
+    return {"lanes_per_group": tpg, "groups_per_lane": rounds, **layout}
