@@ -54,7 +54,7 @@ Every shared slot of g, x and k is read back by the thread that filled it, excep
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
+from kernels_tl import cp_async
 
 WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access

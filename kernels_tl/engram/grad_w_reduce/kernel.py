@@ -39,7 +39,7 @@ offsets are 64-bit.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
+from kernels_tl import cp_async
 
 WARP = 32
 THREADS = 128  # four warps

@@ -43,7 +43,7 @@ from tilelang import language as T
 
 from kernels_tl import fp_pack
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
+from kernels_tl import cp_async
 from kernels_tl.mhc import streams
 from kernels_tl.mhc.streams import PIECE, THREADS
 

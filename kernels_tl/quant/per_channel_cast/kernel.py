@@ -70,7 +70,7 @@ for a pre-quantized x and for a bf16 x with a gather.  Measured times in ``notes
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.engram import cp_async
+from kernels_tl import cp_async
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import bf16x2_max_nan, max_nan
 from kernels_tl.quant.per_token_cast.kernel import CAST_SOURCE, QUANT_SOURCE

@@ -1,13 +1,15 @@
-"""``cp.async`` helpers shared by the Engram gate kernels and ``mhc.multilayer_recompute``
-(device source for ``T.import_source``).
+"""``cp.async`` helpers (device source for ``T.import_source``), shared by the kernels that stage
+global memory in shared memory without registers: the Engram gate kernels and ``grad_w_reduce``,
+``quant.per_channel_cast`` and ``mhc.multilayer_recompute``.
 
 Each thread copies 16-byte pieces (``cp.async.cg``: L2 only) or 4-byte words (``cp.async.ca``)
 from global memory into slots of shared memory, with no register staging, so a thread can have
 all of its copies in flight at once; it closes groups of copies with ``commit`` and waits with
 ``wait(n)`` until at most ``n`` of its groups are still in flight.  The wait alone makes a
-thread's own copies visible to it; slots other threads read need a barrier after the wait.  ``wait`` takes a run-time count for the
-kernels' unrolled loops (a constant there after unrolling, so the switch folds away); it is a
-compiler memory barrier, so shared-memory reads written after it stay after it.
+thread's own copies visible to it; slots other threads read need a barrier after the wait.
+``wait`` takes a run-time count for the kernels' unrolled loops (a constant there after
+unrolling, so the switch folds away); it is a compiler memory barrier, so shared-memory reads
+written after it stay after it.
 """
 
 from tilelang import language as T
