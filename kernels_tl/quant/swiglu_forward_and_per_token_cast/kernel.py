@@ -66,10 +66,19 @@ it; the factor divides ``a / 448`` once (``group_factors``, as the counted kerne
 (about 490 SASS instructions per warp on sm_90a, against about 570 on the ``plain =
 0`` path it replaces).
 
+The same call with counted clamps and a clamp value that is a positive bf16 (``plain = 4``,
+the counted routed kernel) keeps that row and its 32 registers and adds, before the math, the
+counts of the raw pairs (``count_word``: a lane's three counts in one word, summed over the
+warp by one ``redux.sync``) and the clamps on the packed pairs (after which no gate is
+infinite: the divide without its infinity select); lane 0 stores the warp's word to a scratch
+buffer, one word per warp-row, and a second launch of the same kernel (programmatic
+dependent) sums the words into ``clamped_count`` (3 atomics per block, at most 4 blocks per
+SM).  About 560 SASS instructions per warp-row on sm_90a.
+
 Static configurations: ``in_dtype`` x (``sf_format``, ``max_row_hidden``) in
 {(fp32, 0), (fp32_col, 0), (ue8m0_col, 0), (fp32, 8192)} x ``plain`` (0, 1),
 bf16 x the three group formats with ``plain = 2``, and bf16 packed UE8M0 with
-``plain = 3``: 20 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
+``plain`` 3 and 4: 21 configs.  bf16, 8192 x 2 * 2048, groups of 128: 21.2 us device time on an H200
 (95% of its copy bandwidth).  Measurements and alternatives: ``notes.md``.
 """
 
@@ -118,12 +127,20 @@ COUNTED_BLOCKS_PER_SM = 12
 # (it holds COUNT_BIAS - A for A <= 8 true low halves); see count_row.
 COUNT_BIAS = 0x4000
 COUNT_DECODE = 0xFFFE  # dp2a bytes (-2, -1): -2 * low - high = A + B - 2 * COUNT_BIAS
+# The counted routed kernel (``plain = 4``): a warp's three counts of one row piece packed in one
+# word of the scratch, 10 bits each (at most 32 lanes x 16 = 512), summed by its second launch
+# (SUM_WORDS_PER_STEP independent loads per thread and step).
+COUNT_FIELD_BITS = 10
+COUNT_FIELD_MASK = (1 << COUNT_FIELD_BITS) - 1
+SUM_WORDS_PER_STEP = 4
 
 SF_FORMATS = ("fp32", "fp32_col", "ue8m0_col")
 CLAMP_NONE, CLAMP, CLAMP_AND_COUNT = 0, 1, 2
 FAST_FINITE = 2  # `fast` of swiglu_values: the fast divide for l that cannot be infinite
 COUNTED = 2  # the `plain` value of the clamp-counting kernel (bf16, groups of 128)
 ROUTED = 3  # the `plain` value of the routed kernel (pos_to_expert only, bf16, packed UE8M0)
+# the routed kernel with counted clamps (a finite positive bf16 clamp value; two launches)
+ROUTED_COUNTED = 4
 BF16X2_SIGNS = 0x80008000
 # l at or below which the quotient is -0 by contract (expf(-l) >= 2^126 there)
 SILU_ZERO_BELOW = -87.5
@@ -165,6 +182,11 @@ __device__ __forceinline__ unsigned tka_bf16x2_floor(float c) {
 COUNTED_SOURCE = DEVICE_SOURCE + r"""
 __device__ __forceinline__ unsigned tka_dp2a_lo(unsigned a, unsigned b, unsigned c) {
   unsigned d; asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+"""
+# The counted routed kernel's: COUNTED_SOURCE and a warp's sum (redux.sync, a uniform register).
+ROUTED_COUNTED_SOURCE = COUNTED_SOURCE + r"""__device__ __forceinline__ unsigned tka_redux_add(unsigned v) {
+  return __reduce_add_sync(0xFFFFFFFFu, v);
 }
 """
 
@@ -333,13 +355,28 @@ def count_row(xl, xr, num_words, c_floor, counts):
     ``COUNT_BIAS - A`` (no borrow, A <= 8) and its high half ``A - B`` (signed, |A - B| <= 8),
     and ``dp2a`` with bytes (-2, -1) adds ``-2 (COUNT_BIAS - A) - (A - B) = A + B - 2 * COUNT_BIAS``.
     Needs COUNTED_SOURCE imported."""
-    counts[0] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xl, num_words, "tka_bf16x2_gt", c_floor),
-                              T.uint32(COUNT_DECODE), counts[0])
-    counts[1] = T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(xr, num_words, "tka_bf16x2_gt", c_floor),
-                              T.uint32(COUNT_DECODE), counts[1])
-    counts[2] = T.call_extern(T.uint32, "tka_dp2a_lo",
-                              _mask_sum(xr, num_words, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS)),
-                              T.uint32(COUNT_DECODE), counts[2])
+    counts[0] = _decoded_count(xl, num_words, "tka_bf16x2_gt", c_floor, counts[0])
+    counts[1] = _decoded_count(xr, num_words, "tka_bf16x2_gt", c_floor, counts[1])
+    counts[2] = _decoded_count(xr, num_words, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS), counts[2])
+
+
+def _decoded_count(words, num_words, compare, bound, acc):
+    """``acc`` plus the number of true halves of one row's ``compare`` masks less ``2 *
+    COUNT_BIAS``: their sum (``_mask_sum``) decoded by ``dp2a`` (see ``count_row``)."""
+    return T.call_extern(T.uint32, "tka_dp2a_lo", _mask_sum(words, num_words, compare, bound),
+                         T.uint32(COUNT_DECODE), acc)
+
+
+def count_word(xl, xr, num_words, c_floor):
+    """One lane's three counts of one row (``count_row``'s) packed in one word: ``l > c`` in bits
+    0-9, ``r > c`` in bits 10-19, ``r < -c`` in bits 20-29.  Each is at most 2 * ``num_words`` =
+    16, so a warp's sum of the words (at most 512 per field) carries nothing between fields.  The
+    fields are decoded into each other (one ``dp2a`` and one shift-add each).  Needs COUNTED_SOURCE
+    imported."""
+    bias = T.uint32(2 * COUNT_BIAS)
+    word = _decoded_count(xr, num_words, "tka_bf16x2_lt", c_floor ^ T.uint32(BF16X2_SIGNS), bias)
+    word = _decoded_count(xr, num_words, "tka_bf16x2_gt", c_floor, (word << T.uint32(COUNT_FIELD_BITS)) + bias)
+    return _decoded_count(xl, num_words, "tka_bf16x2_gt", c_floor, (word << T.uint32(COUNT_FIELD_BITS)) + bias)
 
 
 @T.macro
@@ -388,20 +425,23 @@ def store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, lane2, num_tokens, num_chu
 
 
 def host_constants(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int) -> dict:
-    """Blocks per SM of the counted kernel: the host sizes its grid to the resident blocks."""
-    return {"rows_per_block": ROWS_PER_BLOCK, "counted_blocks_per_sm": COUNTED_BLOCKS_PER_SM}
+    """Blocks per SM of the counted kernel (the host sizes its grid to the resident blocks); the
+    counted routed kernel's grids: row blocks per grid column (launch 0), threads per block and
+    words per thread and step (launch 1)."""
+    return {"rows_per_block": ROWS_PER_BLOCK, "counted_blocks_per_sm": COUNTED_BLOCKS_PER_SM,
+            "max_grid_y": MAX_GRID_Y, "threads": ROWS_PER_BLOCK * WARP, "sum_words_per_step": SUM_WORDS_PER_STEP}
 
 
 def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_row_hidden: int, plain: int):
     assert in_dtype in ("bfloat16", "float32"), in_dtype
     assert sf_format in SF_FORMATS, sf_format
-    assert plain in (0, 1, COUNTED, ROUTED), plain
+    assert plain in (0, 1, COUNTED, ROUTED, ROUTED_COUNTED), plain
     per_row = max_row_hidden > 0
     if per_row:
         assert sf_format == "fp32", "one group per row supports row-major fp32 sf only"
     if plain == COUNTED:
         assert in_dtype == "bfloat16" and not per_row, "the counted kernel is bf16, groups of 128"
-    if plain == ROUTED:
+    if plain in (ROUTED, ROUTED_COUNTED):
         assert in_dtype == "bfloat16" and sf_format == "ue8m0_col" and not per_row, \
             "the routed kernel is bf16, groups of 128, packed UE8M0 factors"
     elem_bytes = 2 if in_dtype == "bfloat16" else 4
@@ -429,7 +469,8 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
     if per_row:
         body = _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks)
     else:
-        body = _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=plain == ROUTED)
+        body = _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=plain in (ROUTED, ROUTED_COUNTED),
+                           counted=plain == ROUTED_COUNTED)
 
     @T.prim_func
     def swiglu_forward_and_per_token_cast(
@@ -440,18 +481,24 @@ def swiglu_forward_and_per_token_cast_kernel(in_dtype: str, sf_format: str, max_
         topk_weights: T.Tensor((num_weights,), T.float32),
         pos_to_expert: T.Tensor((num_tokens,), T.int32),
         clamped_count: T.Tensor((3,), T.int64),
+        # the counted routed kernel's scratch, a word of packed counts per warp-row: launch 0 -> 1
+        row_counts: T.Tensor((num_tokens * T.ceildiv(hidden_blocks, GROUPS_PER_WARP),), T.int32),
         has_weights: T.int32,
         has_pos_to_expert: T.int32,
         clamp_mode: T.int32,
         swiglu_clamp_value: T.float32,
         round_sf: T.int32,
         sf_clamp_min: T.float32,
+        launch_index: T.int32,  # the counted routed kernel: 0 the rows, 1 the sum of their counts
+        grid_x: T.int32,  # and its grid (host.h)
+        grid_y: T.int32,
+        grid_z: T.int32,
     ):
         # plain (no optional input; the routed kernel reads pos_to_expert on its own): the
         # flags are compile-time zeros, one straight-line copy
-        body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
+        body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, row_counts,
              0 if plain else has_weights, 0 if plain else has_pos_to_expert, CLAMP_NONE if plain else clamp_mode,
-             swiglu_clamp_value, round_sf, sf_clamp_min)
+             swiglu_clamp_value, round_sf, sf_clamp_min, launch_index, grid_x, grid_y, grid_z)
 
     return swiglu_forward_and_per_token_cast
 
@@ -473,7 +520,21 @@ def _target_arch() -> str:
     return str(target.attrs.get("arch", ""))
 
 
-def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
+def _launch_grid(counted, num_tokens, hidden_blocks, grid_x, grid_y, grid_z):
+    """The group layout's grid: 512-channel columns x row blocks (past MAX_GRID_Y of them in z);
+    the counted routed kernel's from its parameters (its two launches differ, see host.h)."""
+    if counted:
+        return grid_x, grid_y, grid_z
+    num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
+    return (T.ceildiv(hidden_blocks, GROUPS_PER_WARP), T.min(num_row_blocks, MAX_GRID_Y),
+            T.ceildiv(num_row_blocks, MAX_GRID_Y))
+
+
+def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False, counted=False):
+    """Groups of 128, one row per warp (the module docstring).  ``routed``: the routed kernel;
+    ``counted`` (with ``routed``): its counted form, launched twice: launch 0 the rows, clamped
+    on the packed pairs, each warp's three counts of its row piece packed in one word of the
+    scratch ``row_counts``; launch 1 the sum of those words into ``clamped_count``."""
     threads = ROWS_PER_BLOCK * WARP
     arch = _target_arch()
     registers = ROUTED_REGISTER_CAP if routed else REGISTER_CAP.get(
@@ -481,17 +542,46 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
     min_blocks = 65536 // (registers * threads)  # the SM's register file
     hidden = hidden_blocks * GROUP
     num_chunks = hidden_blocks * LANES_PER_GROUP  # 16-channel chunks per row
-    num_row_blocks = T.ceildiv(num_tokens, ROWS_PER_BLOCK)
+    columns = T.ceildiv(hidden_blocks, GROUPS_PER_WARP)  # 512-channel row pieces
     V = LANE_CHANNELS
 
     @T.macro
-    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
-        with T.Kernel(T.ceildiv(hidden_blocks, GROUPS_PER_WARP), T.min(num_row_blocks, MAX_GRID_Y),
-                      T.ceildiv(num_row_blocks, MAX_GRID_Y), threads=threads) as (bx, by, bz):
-            wait_for_previous_grid()  # programmatic dependent launch
+    def sum_counts(bx, row_counts, clamped_count, grid_x):
+        """Launch 1 of the counted routed kernel: the scratch's words bx * 128 + tid + k * 128 *
+        grid_x (k = 0, 1, ...; SUM_WORDS_PER_STEP independent loads per step), unpacked and
+        summed; one block reduction, 3 atomics.  (T x columns words: below 2^31 for any input
+        below 2^40 elements.)"""
+        tid = T.get_thread_binding()
+        sums = T.alloc_local((3,), T.int32)
+        sum_smem = T.alloc_shared((ROWS_PER_BLOCK * 3,), T.int32)
+        word = T.alloc_var(T.uint32)
+        idx = T.alloc_var(T.int32)
+        num_words = num_tokens * columns
+        for j in T.unroll(3):
+            sums[j] = 0
+        for step in T.serial(T.ceildiv(num_words, grid_x * threads * SUM_WORDS_PER_STEP)):
+            for k in T.unroll(SUM_WORDS_PER_STEP):
+                idx = ((step * SUM_WORDS_PER_STEP + k) * grid_x + bx) * threads + tid
+                if idx < num_words:
+                    word = T.reinterpret(row_counts[idx], T.uint32)
+                    for j in T.unroll(3):
+                        sums[j] += T.Cast(T.int32, (word >> T.uint32(j * COUNT_FIELD_BITS))
+                                          & T.uint32(COUNT_FIELD_MASK))
+        flush_counts(sums, sum_smem, clamped_count, tid, ROWS_PER_BLOCK)
+
+    @T.macro
+    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, row_counts,
+             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min,
+             launch_index, grid_x, grid_y, grid_z):
+        grid = _launch_grid(counted, num_tokens, hidden_blocks, grid_x, grid_y, grid_z)
+        with T.Kernel(grid[0], grid[1], grid[2], threads=threads) as (bx, by, bz):
+            wait_for_previous_grid()  # programmatic dependent launch (launch 1: waits for launch 0)
             T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(DEVICE_SOURCE)
+            T.import_source(ROUTED_COUNTED_SOURCE if counted else DEVICE_SOURCE)
+            if counted:
+                if launch_index != 0:  # launch 1: the sum of launch 0's counts
+                    sum_counts(bx, row_counts, clamped_count, grid_x)
+                    T.thread_return()
             tid = T.get_thread_binding()
             lane = tid % WARP
             # (rebinding the name keeps the kernel parameter called `x`)
@@ -517,6 +607,11 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
             if routed:
                 expert = T.alloc_var(T.int32)
                 sf_q = T.alloc_var(T.float32)
+            if counted:
+                c_pair = T.alloc_var(T.uint32)  # c in both halves (a positive bf16 value: host.h)
+                warp_counts = T.alloc_var(T.uint32)  # the warp's three counts of its row piece (count_word)
+                c_pair = T.reinterpret(swiglu_clamp_value, T.uint32) | (T.reinterpret(swiglu_clamp_value, T.uint32)
+                                                                        >> T.uint32(16))
             for j in T.unroll(3):
                 counts[j] = 0
 
@@ -544,8 +639,21 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
                     xl[i] = x[row, src * W + i]
                 for i in T.vectorized(W):
                     xr[i] = x[row, hidden // per_word + src * W + i]
-                swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
-                                  swiglu_clamp_value, counts, tmp, rng)
+                if counted:
+                    # counts of the raw pairs (not of a repeated chunk or a skipped row), summed over
+                    # the warp (a uniform register); then the -88.5 floor and the clamps on the packed
+                    # pairs, after which no gate is infinite: the fast divide without its infinity select
+                    warp_counts = count_word(xl, xr, W, c_pair)
+                    warp_counts = T.call_extern(T.uint32, "tka_redux_add", T.if_then_else(
+                        T.And(src == bx * WARP + lane, expert >= 0), warp_counts, T.uint32(0)))
+                    for p in T.unroll(W):
+                        xl[p] = bf16x2_max_nan(xl[p], T.uint32(SILU_FLOOR_BF16X2))
+                    clamp_pairs(xl, xr, W, c_pair)
+                    swiglu_values(xl, xr, v, 0, W, True, w, False, CLAMP_NONE, swiglu_clamp_value, counts, tmp,
+                                  FAST_FINITE)
+                else:
+                    swiglu_values_any(xl, xr, v, 0, V // 2, per_word == 2, w, has_weights, clamp_mode,
+                                      swiglu_clamp_value, counts, tmp, rng)
                 if clamp_mode == CLAMP_AND_COUNT and bx * WARP + lane >= num_chunks:
                     for j in T.unroll(3):
                         counts[j] = 0  # a repeated chunk is not counted twice
@@ -586,6 +694,11 @@ def _group_body(in_dtype, sf_format, num_tokens, hidden_blocks, routed=False):
             row2 = ((T.call_extern(T.int32, "tka_ctaid_z") * MAX_GRID_Y + T.call_extern(T.int32, "tka_ctaid_y"))
                     * ROWS_PER_BLOCK + t2 // WARP)
             store_lane(out, out_sf, q, sf, sf_exp, row2, bx2, t2 % WARP, num_tokens, num_chunks, sf_format)
+            if counted:
+                if row2 < num_tokens and t2 % WARP == 0:
+                    word_index = T.alloc_var(T.int32)
+                    word_index = row2 * grid_x + bx2  # (launch 0: grid_x is the row's columns)
+                    row_counts[word_index] = T.reinterpret(warp_counts, T.int32)
 
             if clamp_mode == CLAMP_AND_COUNT:
                 flush_counts(counts, count_smem, clamped_count, tid, ROWS_PER_BLOCK)
@@ -603,8 +716,9 @@ def _row_body(in_dtype, elem_bytes, max_row_hidden, num_tokens, hidden_blocks):
     row_chunks = hidden_blocks * (GROUP // C)
 
     @T.macro
-    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count,
-             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min):
+    def body(x, out, out_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count, row_counts,
+             has_weights, has_pos_to_expert, clamp_mode, swiglu_clamp_value, round_sf, sf_clamp_min,
+             launch_index, grid_x, grid_y, grid_z):
         with T.Kernel(num_tokens, threads=threads) as row:
             wait_for_previous_grid()  # programmatic dependent launch
             T.import_source(DEVICE_SOURCE)

@@ -2,7 +2,9 @@
 row mode, plain); the token count, hidden size and the options' values are run-time values.
 ``plain`` configs have the option flags compiled out: calls without optional inputs run them;
 ``plain = 2`` is the clamp-counting kernel (bf16, groups of 128), ``plain = 3`` the routed
-kernel (bf16, groups of 128, pos_to_expert alone, packed UE8M0), see kernel.py."""
+kernel (bf16, groups of 128, pos_to_expert alone, packed UE8M0), ``plain = 4`` the routed kernel
+counting its clamps (a positive bf16 clamp value), launched twice (the rows, then the sum of
+their counts through the scratch ``row_counts``), see kernel.py."""
 
 from kernels_tl.schema import Bool, Float, Int, Op, Out, Param, Rand, Randint, Randn, Routed, Routing, Sample, Schema, Str, Tensor
 
@@ -55,6 +57,14 @@ SCHEMA = Schema(
                   Out("out_sf", dtype="'int32' if use_packed_ue8m0 else 'float32'", shape="[T, sf_cols]",
                       strides="[1, align_up(T, 4)] if use_tma_aligned_col_major_sf else None")],
             returns=["out", "out_sf"],
+            # the counted routed kernel (plain = 4; host.h, which also asks for a positive bf16 clamp
+            # value): a warp's packed counts per row and 512 channels, written by launch 0 and summed
+            # by launch 1; the other calls allocate none
+            scratch=[Out("row_counts", dtype="'int32'",
+                         shape=("[T * ceil_div(hidden, 512)] if clamped_count is not None and pos_to_expert is not None"
+                                " and pos_to_token_topk is None and use_packed_ue8m0 and num_per_channels == 128"
+                                " and x.element_size() == 2 else [0]"))],
+            launches=True,
             reference="tile_kernels_aot.torch.swiglu.swiglu_forward_and_per_token_cast",
             samples=[
                 Sample("decode", 128, [Randn(["T", 4096], "bfloat16"), "e4m3", 128]),
@@ -65,6 +75,13 @@ SCHEMA = Schema(
                 _upstream_moe_sample("upstream MoE, packed UE8M0"),
                 _upstream_moe_sample("upstream MoE, packed UE8M0, clamp 0.5", swiglu_clamp_value=0.5,
                                      clamped_count=Randint([3], "int64", 0, 1)),
+                # the counted routed kernel (plain = 4) with padding lanes (hidden 640: 5 groups in 2
+                # grid columns), skipped rows and counters that start non-zero
+                Sample("MoE, packed UE8M0, clamp 2 counted, hidden 640", 1000,
+                       [Randn(["T", 2 * 640], "bfloat16"), "e4m3", 128], {
+                           "pos_to_expert": Randint(["T"], "int32", -1, 8), "use_tma_aligned_col_major_sf": True,
+                           "round_sf": True, "use_packed_ue8m0": True, "swiglu_clamp_value": 2.0,
+                           "clamped_count": Randint([3], "int64", 0, 1000)}),
                 # the counted kernel (plain = 2): the select clamps (0.3 is no bf16 value) with
                 # weights, about 22 row blocks per block; the IEEE-divide copy (c <= -64) with
                 # padding lanes (hidden 640: 5 groups in 2 grid columns); the packed clamps with
