@@ -16,3 +16,14 @@ def wait_for_previous_grid():
     drains (``griddepcontrol.launch_dependents``)."""
     pdl_sync()
     pdl_trigger()
+
+
+@T.macro
+def wait_for_previous_grid_then(launch_now):
+    """``wait_for_previous_grid`` with the next grid's early start a run-time choice: where
+    ``launch_now`` is nonzero the next grid may start its blocks now; elsewhere it starts as
+    this grid's blocks exit (their implicit trigger), so its blocks take the SMs this grid
+    leaves, in grid order, rather than whatever slots are free while this grid runs."""
+    pdl_sync()
+    if launch_now != 0:
+        pdl_trigger()

@@ -58,7 +58,6 @@ inline int64_t warp_lanes(int64_t row_vecs, int64_t v) {
 // a longer row (more than a block's threads at one vector) runs on the flat index (span =
 // threads). The output bits do not depend on the geometry (a copy).
 constexpr int64_t kSpreadBlocks = 128;  // about one copy block per SM (132 on an H200)
-constexpr int64_t kPadBlocks = 256;     // about two padding-check blocks per SM
 inline CopyGeometry geometry(const Plan& p, const Constants& c) {
   CopyGeometry g{};
   for (int64_t v = c.vectors_per_thread; v >= 1; v /= 2) {
@@ -72,24 +71,57 @@ inline CopyGeometry geometry(const Plan& p, const Constants& c) {
 
 inline bool launch_needed(const Plan& p) { return (p.num_tokens > 0 || p.num_rows > 0) && p.row_vecs > 0; }
 
+// The padding check's layout (the kernel's units: 2^piece_shift pieces of piece_vecs vectors per
+// fused row; padding block b takes the `span` units b * block_step + i * unit_step, i < span).
+struct PadLayout {
+  int64_t blocks, span, block_step, unit_step, piece_shift, piece_vecs;
+  bool launch_now;  // the next grid may start while this one runs (else as its blocks exit)
+};
+
+// Rows past the most routed pairs (num_tokens * num_topk) are padding or unused for sure. When
+// they are few (upstream's exactly sized layouts, a dense decode: none), whole rows, 256 per block:
+// a few flag-only blocks after the copy's (at decode 4 beside 128 copy blocks: one block per SM).
+// When they are many (the MoE layer's no-sync bound at decode: 3840 of 4864 rows) the zero-fill
+// is most of the launch, and a 256-thread block zeroes at a bounded rate (about 20 GB/s measured),
+// so the SMs need several zeroing blocks each and the same bytes each: the rows are cut into
+// 2^k pieces of at most one block-wide store (896 vectors: 4 of 224) and dealt out with an odd
+// stride (no alignment's power-of-two pattern follows it) over the slots of one wave the copy
+// leaves (blocks_per_sm per SM; at least two blocks per SM, fewer units per block than 256 flag
+// lanes): at decode 267 blocks of 73 units beside 128 copy blocks, every SM's share of zeros
+// within a few percent. Such a grid is one wave, and the next launch starts as its blocks exit:
+// started early it would take whichever slots are free while this grid runs (measured at this
+// layout: up to 6.7 us per launch lost against plain launches), here it finds the SMs empty.
+inline PadLayout pad_layout(const Plan& p, const Constants& c, int64_t copy_blocks, int sms) {
+  PadLayout l{0, c.threads, c.threads, 1, 0, p.row_vecs, true};
+  const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
+  if (p.num_rows == 0 || sure_padding * 8 < p.num_rows) {
+    l.blocks = ceil_div(p.num_rows, c.threads);
+    return l;
+  }
+  while (ceil_div(p.row_vecs, int64_t{1} << l.piece_shift) > c.threads) l.piece_shift++;
+  l.piece_vecs = align_up(ceil_div(p.row_vecs, int64_t{1} << l.piece_shift), 8);
+  const int64_t units = p.num_rows << l.piece_shift;
+  const int64_t odd = std::max<int64_t>(1, (std::max<int64_t>(2 * sms, sms * c.blocks_per_sm - copy_blocks) - 1) | 1);
+  l.blocks = std::max<int64_t>(std::min<int64_t>(odd, ceil_div(units, 8)), ceil_div(units, c.threads));
+  l.span = ceil_div(units, l.blocks);
+  l.block_step = 1;
+  l.unit_step = l.blocks;
+  l.launch_now = false;
+  return l;
+}
+
 inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token_topk_to_pos,
                       const TensorArg& pos_to_expert, const Plan& p, const Constants& c, const TensorArg& out,
                       KernelArgs& k) {
   const CopyGeometry g = geometry(p, c);
-  // rows per padding-check block (whole warps of flags, 32 to 256). Each block zeroes its padding
-  // rows with all its threads, so when many rows are padding the rows per block are SM time:
-  // rows past the most routed pairs (num_tokens * num_topk) are padding or unused for sure, and
-  // when they are many (the no-sync bound at decode: 3840 of 4864) the rows spread over about
-  // two blocks per SM. Otherwise 256 rows per block: few flag-only blocks beside the copy (at
-  // decode, 4 beside 128 copy blocks: one block per SM).
-  const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
-  const int64_t pad_span = sure_padding * 8 < p.num_rows
-      ? c.threads
-      : std::min<int64_t>(c.threads, std::max<int64_t>(32, align_up(ceil_div(p.num_rows, kPadBlocks), 32)));
-  const int64_t pad_blocks = ceil_div(p.num_rows, pad_span);
-  // the kernel's thread indices (block * span + thread over the copy, then (block - copy blocks)
-  // * pad_span + row over the padding check) are 32-bit
-  TKA_CHECK((pad_blocks + g.blocks) * c.threads <= 2147483647, "pos_to_expert", "has too many rows for one launch");
+  const int sms = plan_sm_count(op, x.device);
+  if (sms < 0) return false;  // the device query failed (error set)
+  const PadLayout pad = pad_layout(p, c, g.blocks, sms);
+  // the kernel's thread indices (block * span + thread over the copy) and unit indices (below
+  // pad blocks * block_step + 256 * unit_step) are 32-bit
+  TKA_CHECK((pad.blocks + g.blocks) * c.threads <= 2147483647 &&
+                pad.blocks * pad.block_step + c.threads * pad.unit_step <= 2147483647,
+            "pos_to_expert", "has too many rows for one launch");
   TKA_CHECK(aligned(out.data, 16), "out", "must start 16-byte aligned");
   k.x = x.data;
   k.out = out.data;
@@ -102,8 +134,13 @@ inline bool copy_args(const char* op, const TensorArg& x, const TensorArg& token
   k.lanes_per_row = g.lanes;
   k.block_span = g.span;
   k.copy_blocks = g.blocks;
-  k.pad_span = pad_span;
-  k.num_blocks = pad_blocks + g.blocks;
+  k.pad_span = pad.span;
+  k.block_step = pad.block_step;
+  k.unit_step = pad.unit_step;
+  k.piece_shift = pad.piece_shift;
+  k.piece_vecs = pad.piece_vecs;
+  k.launch_now = pad.launch_now ? 1 : 0;
+  k.num_blocks = pad.blocks + g.blocks;
   k.x_sf = nullptr;
   k.out_sf = nullptr;
   k.sf_cols = 0;

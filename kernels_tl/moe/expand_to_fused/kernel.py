@@ -29,21 +29,36 @@ grid has two parts, told apart by the block index (uniform per block):
   memory round trip serves it (top-k <= 8), then stores the vectors and words to each routed
   row.  (A lane has at most ``SFW`` words: with 32 or 128 channels per factor and at most 8
   vectors per lane, ``ceil(sf_cols / lanes) <= 4``; the host checks it.)
-* Blocks ``[copy_blocks, num_blocks)``: the padding check, ``pad_span`` fused rows per block (32 to
-  256, a multiple of 32: the host's choice, about two blocks per SM when many rows are
-  surely padding, else 256).  Each thread
-  loads its lane's ``pos_to_expert`` flag of every group of 32 rows at once (one round trip;
-  every warp loads the same lines), and per group every warp ballots the same 32 flags, so
-  each warp holds the same mask without shared memory or a barrier, and the whole block
-  zeroes each padding row among them in turn (16-byte stores, 4 KB
-  per block-wide instruction, then the row's scale-factor words).  A mostly-padding layout
-  (rows sized at the no-sync bound at decode) is zeroed by every warp of many SMs; a fused row
-  that is not padding costs a 4-byte load, not a thread per 16-byte lane.
-  These blocks come last in the grid, so the copy's blocks are dispatched first, one per
-  SM when there are few tokens (decode), and the padding blocks take the slots left.
+* Blocks ``[copy_blocks, num_blocks)``: the padding check.  Its units are pieces of fused
+  rows, ``2^piece_shift`` pieces of ``piece_vecs`` vectors per row (unit ``u``: row ``u >>
+  piece_shift``); padding block ``b`` takes the ``pad_span`` (at most 256) units ``b *
+  block_step + i * unit_step``.  Each thread loads its lane's ``pos_to_expert`` flag of every
+  group of 32 of them at once (one round trip; every warp loads the same lines), and per group
+  every warp ballots the same 32 flags, so each warp holds the same mask without shared memory
+  or a barrier, and the whole block zeroes each padding unit among them in turn (16-byte
+  stores, 4 KB per block-wide instruction; a row's scale-factor words with its first piece).
+  A unit that is not padding costs a 4-byte load, not a thread per 16-byte lane.  The host
+  picks one of two layouts:
+
+  - *few padding rows* (most fused rows are routed: upstream's exactly sized layouts, a dense
+    decode): whole rows, 256 consecutive ones per block (``block_step = 256, unit_step = 1``),
+    a few flag-only blocks beside the copy (at decode 4 beside 128 copy blocks: one block per
+    SM);
+  - *mostly padding* (many rows past the most routed pairs, e.g. the MoE layer's no-sync bound
+    at decode: 3840 of 4864 rows): pieces of at most 256 vectors (one block-wide store each)
+    dealt out over ``P`` blocks with an odd stride (``block_step = 1, unit_step = P``), ``P``
+    the slots the copy leaves of one wave (at decode 267 beside 128 copy blocks: three blocks
+    per SM, two of them zeroing), so every block holds nearly the same share of padding
+    wherever it lies and every SM zeroes with two blocks' warps; the grid is then one wave,
+    and the next grid starts as this one's blocks exit (``launch_now = 0``), on SMs it finds
+    empty rather than in whatever slots are free while this grid runs.
+
+  These blocks come last in the grid, so the copy's blocks are dispatched first, one per SM
+  when there are few tokens (decode), and the padding blocks take the slots left.
 * Positions outside ``[0, num_rows)`` are skipped (a consistent mapping has none).
 * Offsets into ``x``, ``out`` and ``out_sf`` are 64-bit (TileLang widens buffer indices);
-  the thread indices are 32-bit (the host bounds the grid's threads below 2^31).
+  the thread and unit indices are 32-bit (the host bounds the grid's threads and the units
+  below 2^31).
 
 No static configuration: one kernel serves every dtype, hidden size, top-k and
 scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_row``).
@@ -51,7 +66,7 @@ scale-factor layout; the vectors per thread are a run-time choice (``lanes_per_r
 
 from tilelang import language as T
 
-from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.dependent_launch import wait_for_previous_grid_then
 
 THREADS = 256
 VPT = 8  # most 16-byte vectors per thread (128 bytes of a row in flight per thread)
@@ -67,7 +82,8 @@ PASS_CONFIGS = {
 
 
 def host_constants() -> dict:
-    return {"vectors_per_thread": VPT, "sf_words_per_thread": SFW, "threads": THREADS}
+    return {"vectors_per_thread": VPT, "sf_words_per_thread": SFW, "threads": THREADS,
+            "blocks_per_sm": MIN_BLOCKS_PER_SM}
 
 
 def expand_to_fused_kernel():
@@ -90,12 +106,17 @@ def expand_to_fused_kernel():
         block_span: T.int32,
         copy_blocks: T.int32,
         pad_span: T.int32,
+        block_step: T.int32,
+        unit_step: T.int32,
+        piece_shift: T.int32,
+        piece_vecs: T.int32,
+        launch_now: T.int32,
         num_blocks: T.int32,
         sf_row_stride: T.int32,
         sf_col_stride: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as bid:
-            wait_for_previous_grid()  # programmatic dependent launch
+            wait_for_previous_grid_then(launch_now)  # programmatic dependent launch
             T.assume(lanes_per_row > 0)
             T.assume(block_span > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
@@ -107,7 +128,9 @@ def expand_to_fused_kernel():
             mask = T.alloc_var(T.uint32)
             count = T.alloc_var(T.int32)
             slot = T.alloc_var(T.int32)
-            prow = T.alloc_var(T.int32)
+            first = T.alloc_var(T.int32)
+            unit = T.alloc_var(T.int32)
+            start = T.alloc_var(T.int32)
             row = T.alloc_var(T.int32)
             lane = T.alloc_var(T.int32)
             flat = T.alloc_var(T.int32)
@@ -147,32 +170,36 @@ def expand_to_fused_kernel():
                                         out_sf[pos[i] * sf_row_stride + (lane + s * lanes_per_row) * sf_col_stride] = words[s]
 
             else:
-                # ---- the padding check: 32 rows at a time, the block zeroes each padding row
+                # ---- the padding check: 32 units at a time, the block zeroes each padding unit
                 lane = tid % 32
+                first = (bid - copy_blocks) * block_step  # the block's units: first + i * unit_step
                 # every group's flag of this lane loaded at once (one round trip, not one per group)
                 for g in T.unroll(THREADS // 32):
                     flags[g] = 0
-                    if g * 32 < pad_span and (bid - copy_blocks) * pad_span + g * 32 + lane < num_rows:
-                        if pos_to_expert[(bid - copy_blocks) * pad_span + g * 32 + lane] < 0:
+                    unit = first + (g * 32 + lane) * unit_step
+                    if g * 32 + lane < pad_span and unit < T.shift_left(num_rows, piece_shift):
+                        if pos_to_expert[T.shift_right(unit, piece_shift)] < 0:
                             flags[g] = 1
                 for g in T.unroll(THREADS // 32):
                     if g * 32 < pad_span:
-                        prow = (bid - copy_blocks) * pad_span + g * 32  # the group's first row
                         # every warp ballots the same 32 flags (the branch is uniform per block)
                         mask = T.Cast(T.uint32, T.ballot(flags[g] != 0))
                         # the count fixed before the loop: a bound over `mask` itself would be
-                        # re-evaluated after each row has consumed its bit
+                        # re-evaluated after each unit has consumed its bit
                         count = T.call_extern(T.int32, "__popc", mask)
                         for r in T.serial(count):
                             slot = T.call_extern(T.int32, "__ffs", mask) - 1
                             mask = mask & (mask - T.uint32(1))
-                            row = prow + slot
-                            for v in T.serial(T.ceildiv(row_vecs, THREADS)):
-                                if tid + v * THREADS < row_vecs:
+                            unit = first + (g * 32 + slot) * unit_step
+                            row = T.shift_right(unit, piece_shift)
+                            start = (unit - T.shift_left(row, piece_shift)) * piece_vecs  # the piece's first vector
+                            for v in T.serial(T.ceildiv(piece_vecs, THREADS)):
+                                if tid + v * THREADS < piece_vecs and start + tid + v * THREADS < row_vecs:
                                     for u in T.vectorized(4):
-                                        out[row, tid + v * THREADS, u] = T.uint32(0)
-                            for s in T.serial(T.ceildiv(sf_cols, THREADS)):
-                                if tid + s * THREADS < sf_cols:
-                                    out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
+                                        out[row, start + tid + v * THREADS, u] = T.uint32(0)
+                            if start == 0:  # the row's first piece: its scale-factor words
+                                for s in T.serial(T.ceildiv(sf_cols, THREADS)):
+                                    if tid + s * THREADS < sf_cols:
+                                        out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
 
     return expand_to_fused

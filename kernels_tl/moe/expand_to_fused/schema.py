@@ -59,7 +59,8 @@ EXPAND = Op(
                routing=Routing(num_topk=4, num_experts=16, alignment=8, unrouted=0.2)),
         # a row longer than a block at one vector per lane: the flat index (tokens across blocks)
         Sample("few tokens, flat index", 16, [_x(7168), *POSITIONS], routing=DENSE),
-        # padding-check blocks of 32 rows (4864 rows over 152 blocks), most rows zeroed
+        # the mostly-padding layout: 4 pieces per row dealt over 267 padding blocks beside 128 copy
+        # blocks (one wave), most rows zeroed
         Sample("MoE layer decode: 256 experts, mostly padding rows", 128, [_x(7168), *POSITIONS], routing=LAYER),
     ],
     token_dim=None,  # the output's rows are fused rows, not tokens
@@ -105,7 +106,8 @@ EXPAND_WITH_SF = Op(
                routing=Routing(num_topk=2, num_experts=8, alignment=32, unrouted=0.3)),
         # 448 lanes of one vector over two blocks (the flat index), the factors on the first 56
         Sample("few tokens, flat index", 8, [_q(7168, 56), 128, *POSITIONS], routing=DENSE),
-        # padding-check blocks of 32 rows (4864 rows over 152 blocks), most rows zeroed
+        # the mostly-padding layout: 2 pieces per row (and the factors with the first) over 267
+        # padding blocks, most rows zeroed
         Sample("MoE layer decode: 256 experts, mostly padding rows", 128, [_q(7168, 56), 128, *POSITIONS],
                routing=LAYER),
     ],
