@@ -36,7 +36,8 @@ grid has two parts, told apart by the block index (uniform per block):
   group of 32 of them at once (one round trip; every warp loads the same lines), and per group
   every warp ballots the same 32 flags, so each warp holds the same mask without shared memory
   or a barrier, and the whole block zeroes each padding unit among them in turn (16-byte
-  stores, 4 KB per block-wide instruction; a row's scale-factor words with its first piece).
+  streaming stores, 4 KB per block-wide instruction; a row's scale-factor words with its first
+  piece).
   A unit that is not padding costs a 4-byte load, not a thread per 16-byte lane.  The host
   picks one of two layouts:
 
@@ -80,6 +81,18 @@ PASS_CONFIGS = {
     "tl.disable_safe_memory_legalize": True,
 }
 
+# the padding check's zeros as streaming stores (st.global.cs: evict-first in L2): this launch writes
+# them once and reads nothing back, and the routed rows written beside them are what the next
+# kernel reads (the MoE layer's up projection), so the zeros are the lines L2 gives up first
+DEVICE_SOURCE = r"""
+__device__ __forceinline__ void tka_zero_16_cs(void* dst) {
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %1, %1, %1};" :: "l"(dst), "r"(0u) : "memory");
+}
+__device__ __forceinline__ void tka_zero_4_cs(void* dst) {
+  asm volatile("st.global.cs.b32 [%0], %1;" :: "l"(dst), "r"(0u) : "memory");
+}
+"""
+
 
 def host_constants() -> dict:
     return {"vectors_per_thread": VPT, "sf_words_per_thread": SFW, "threads": THREADS,
@@ -117,6 +130,7 @@ def expand_to_fused_kernel():
     ):
         with T.Kernel(num_blocks, threads=THREADS) as bid:
             wait_for_previous_grid_then(launch_now)  # programmatic dependent launch
+            T.import_source(DEVICE_SOURCE)
             T.assume(lanes_per_row > 0)
             T.assume(block_span > 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
@@ -195,11 +209,13 @@ def expand_to_fused_kernel():
                             start = (unit - T.shift_left(row, piece_shift)) * piece_vecs  # the piece's first vector
                             for v in T.serial(T.ceildiv(piece_vecs, THREADS)):
                                 if tid + v * THREADS < piece_vecs and start + tid + v * THREADS < row_vecs:
-                                    for u in T.vectorized(4):
-                                        out[row, start + tid + v * THREADS, u] = T.uint32(0)
+                                    T.evaluate(T.call_extern("void", "tka_zero_16_cs",
+                                                             T.address_of(out[row, start + tid + v * THREADS, 0])))
                             if start == 0:  # the row's first piece: its scale-factor words
                                 for s in T.serial(T.ceildiv(sf_cols, THREADS)):
                                     if tid + s * THREADS < sf_cols:
-                                        out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride] = T.uint32(0)
+                                        T.evaluate(T.call_extern(
+                                            "void", "tka_zero_4_cs",
+                                            T.address_of(out_sf[row * sf_row_stride + (tid + s * THREADS) * sf_col_stride])))
 
     return expand_to_fused
