@@ -82,15 +82,16 @@ struct PadLayout {
 // they are few (upstream's exactly sized layouts, a dense decode: none), whole rows, 256 per block:
 // a few flag-only blocks after the copy's (at decode 4 beside 128 copy blocks: one block per SM).
 // When they are many (the MoE layer's no-sync bound at decode: 3840 of 4864 rows) the zero-fill
-// is most of the launch, and a 256-thread block zeroes at a bounded rate (about 20 GB/s measured),
-// so the SMs need several zeroing blocks each and the same bytes each: the rows are cut into
-// 2^k pieces of at most one block-wide store (896 vectors: 4 of 224) and dealt out with an odd
-// stride (no alignment's power-of-two pattern follows it) over the slots of one wave the copy
-// leaves (blocks_per_sm per SM; at least two blocks per SM, fewer units per block than 256 flag
-// lanes): at decode 267 blocks of 73 units beside 128 copy blocks, every SM's share of zeros
-// within a few percent. Such a grid is one wave, and the next launch starts as its blocks exit:
-// started early it would take whichever slots are free while this grid runs (measured at this
-// layout: up to 6.7 us per launch lost against plain launches), here it finds the SMs empty.
+// is most of the launch, and a 256-thread block zeroes at a bounded rate (15-20 GB/s in the
+// measured layouts), so the SMs need several zeroing blocks each and the same bytes each: the
+// rows are cut into 2^k pieces of at most one block-wide store (896 vectors: 4 of 224) and dealt
+// out with an odd stride (no alignment's power-of-two pattern follows it) over the slots of one
+// wave the copy leaves (blocks_per_sm per SM; at least two blocks per SM, at least 8 and at most
+// 256 units per block): at decode 267 blocks of 73 units beside 128 copy blocks, each block's
+// zeros within 10-15% of the mean. Such a grid is one wave, and the next launch starts as its
+// blocks exit: started early it would take whichever slots are free while this grid runs
+// (measured at this layout: up to 6.7 us per launch lost against plain launches), here it finds
+// the SMs empty.
 inline PadLayout pad_layout(const Plan& p, const Constants& c, int64_t copy_blocks, int sms) {
   PadLayout l{0, c.threads, c.threads, 1, 0, p.row_vecs, true};
   const int64_t sure_padding = std::max<int64_t>(p.num_rows - p.num_tokens * p.num_topk, 0);
