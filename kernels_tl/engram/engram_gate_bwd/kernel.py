@@ -15,8 +15,12 @@ its own (no FMA), in the reference's order (``tile_kernels_aot.torch.engram``):
     grad_v = ((g0 * gate0 + g1 * gate1) + g2 * gate2) + g3 * gate3
     grad_w_partial[p] = (0 + t_first) + ... + t_last,   t = (r * x) * k, over token chunk p
 
-Design
-------
+Two kernels per H (the static key ``small_batch``): the host takes the small-batch kernel when
+no chunk holds more than one token (``T <= P``), the persistent kernel otherwise.  Both use the
+thread layout, the shared-memory rows and the summation orders below.
+
+Persistent kernel
+-----------------
 ``P`` blocks (the device's SM count: one per SM), block ``p`` walks its chunk of
 ``ceil(T / P)`` tokens in order, so that each column's weight-gradient sum is one chain in a
 register of the thread that owns the column.  512 threads: warps ``4c .. 4c+3`` own stream
@@ -47,8 +51,33 @@ piece while the later ones land: the SM always has loads in flight.
 
 Every shared slot of g, x and k is read back by the thread that filled it, except g in
 ``grad_v`` and v in step 2, which the barrier of step 1 makes visible and the barrier of step
-2 retires before any thread copies over them.  Tokens, P and strides are run-time values;
-``hc_mult`` (4) and ``H`` are static.  Element offsets are 64-bit.
+2 retires before any thread copies over them.
+
+Small-batch kernel
+------------------
+The same ``P`` blocks, threads and summation orders, block ``p`` the chunk of token ``p`` (none
+past the last token: the block writes its ``grad_w_partial`` row of zeros), laid out for the
+latency of one token per block.  Each thread issues all its loads at the start, in the order
+the token uses them: the token's saved values; g and v piece by piece (one group per piece,
+v piece ``j`` copied by the lane's stream ``j % 4``); x and k piece by piece (one group per
+piece), each piece followed by its w (L2, into registers: ``8 * H / 1024`` floats).  A warp
+fence (``__syncwarp``, a NOP in the SASS that ptxas schedules around) after each load of
+registers keeps ptxas from sinking it behind the copies that follow.  The clamp test,
+``sqrt(c / |dot|)`` and the two normalisation terms need only the saved values, not
+``dL/dgate``.  Then:
+
+1. per piece ``j`` as it lands: wait for the thread's group, barrier of the lane's four
+   streams (the four warps of the same lanes: a named barrier of 128 threads), the piece's
+   ``dl`` terms, and in stream ``j % 4`` ``grad_v`` of the lane's piece ``j``;
+2. warp butterfly, warp sums, barrier of the stream's four warps, ``r``;
+3. per piece as its x and k land: ``grad_x``, ``grad_k`` and the weight-gradient terms
+   ``0 + (r * x) * k`` (the sum of the chunk's one token), stored at once.
+
+The rows are held as 32-bit words of two bf16 (a value is one shift or mask).  No shared slot
+is written twice, so no barrier retires one.
+
+Tokens, P and strides are run-time values; ``hc_mult`` (4) and ``H`` are static.  Element
+offsets are 64-bit.
 """
 
 from tilelang import language as T
@@ -62,6 +91,7 @@ LANES = 128  # threads per stream (the reference's BWD_LANES)
 HC = 4
 THREADS = HC * LANES
 SPAN = LANES * PIECE
+WORDS = PIECE // 2  # 32-bit words of two bf16 per piece (small-batch kernel)
 SMEM_LIMIT = 227 * 1024  # shared memory one block may have (sm_90, sm_100)
 W_STEP_BYTES = HC * LANES * PIECE * 4  # w of one step (all four streams), float32
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
@@ -70,6 +100,15 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
                 "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True,
                 # every access is in bounds (tokens < num_tokens, pieces < H / 8): no guards
                 "tl.disable_safe_memory_legalize": True}
+
+# Small-batch kernel: a named barrier that orders shared memory (a compiler memory barrier too),
+# and the warp-level fence that keeps ptxas from sinking loads of registers below later copies.
+SMALL_BATCH_SOURCE = r"""
+__device__ __forceinline__ void tka_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void tka_issue_fence() { __syncwarp(); }
+"""
 
 
 def _f32(value):
@@ -105,24 +144,31 @@ def _lookup(j, table, default=0):
     return expr
 
 
-def engram_gate_bwd_kernel(hc_mult, hidden):
+def _bf16(word, i):
+    """Value ``i`` of a piece of bf16 held as 32-bit words, from its word (the even value in the
+    low half), as float32: one shift or mask once ``i`` is unrolled."""
+    return T.reinterpret((word << T.Cast(T.uint32, 16 - 16 * (i % 2))) & T.uint32(0xFFFF0000), T.float32)
+
+
+def _bar_sync(barrier, threads):
+    T.evaluate(T.call_extern("void", "tka_bar_sync", barrier, threads))
+
+
+def _issue_fence():
+    T.evaluate(T.call_extern("void", "tka_issue_fence"))
+
+
+def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
     assert hc_mult == HC, "the backward kernel is built for hc_mult == 4"
     assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
-    steps = hidden // SPAN
-    pieces = hidden // PIECE
-    share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
     assert _token_smem_bytes(hidden) <= SMEM_LIMIT, "a token's rows must fit in shared memory"
-    resident = resident_steps(hidden)  # w of these steps from shared memory
-    slot = {j: n for n, j in enumerate(resident)}
-    num_res = len(resident)
-    loaded = [j for j in range(steps) if j not in slot]  # w of these steps from global (L2)
-    after = {j: loaded[n + 1] for n, j in enumerate(loaded[:-1])}  # the next loaded step
-    assert _token_smem_bytes(hidden) + len(resident) * W_STEP_BYTES <= SMEM_LIMIT
+    pieces = hidden // PIECE
     num_tokens = T.dynamic("num_tokens", "int64")
     num_blocks = T.dynamic("num_blocks", "int64")  # P
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
     k_stride_c = T.dynamic("k_stride_c", "int64")
     v_stride_t = T.dynamic("v_stride_t", "int64")
+    body, source = (_small_batch_body if small_batch else _persistent_body)(hidden, num_tokens, num_blocks)
 
     @T.prim_func
     def engram_gate_bwd(
@@ -144,177 +190,332 @@ def engram_gate_bwd_kernel(hc_mult, hidden):
     ):
         with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(cp_async.DEVICE_SOURCE)
+            T.import_source(source)
             T.assume(k_stride_t % PIECE == 0)
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
-            T.assume(num_blocks > 0)
-            tid = T.get_thread_binding()
-            c = tid // LANES
-            lane = tid % LANES
-            warp = tid // WARP
-
-            g_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            x_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            k_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
-            v_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
-            warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
-            # w of the resident steps, each thread its own piece as two 16-byte halves (element
-            # e of the piece at [.., e // 4, lane, e % 4]: a warp's 16-byte reads are contiguous)
-            w_s = T.alloc_shared((HC, max(len(resident), 1), 2, LANES, 4), T.float32)
-            gv = T.alloc_local((PIECE,), T.bfloat16)
-            vv = T.alloc_local((PIECE,), T.bfloat16)
-            xv = T.alloc_local((PIECE,), T.bfloat16)
-            kv = T.alloc_local((PIECE,), T.bfloat16)
-            wv = T.alloc_local((PIECE,), T.float32)
-            wn = T.alloc_local((PIECE,), T.float32)  # w of the next piece, loaded a piece ahead
-            ox = T.alloc_local((PIECE,), T.bfloat16)
-            ok = T.alloc_local((PIECE,), T.bfloat16)
-            acc_w = T.alloc_local((steps, PIECE), T.float32)
-            gates = T.alloc_local((HC,), T.float32)
-            gq = T.alloc_local((HC, PIECE), T.bfloat16)
-            dl = T.alloc_var(T.float32)
-            r = T.alloc_var(T.float32)
-            d_c = T.alloc_var(T.float32)
-            gate_c = T.alloc_var(T.float32)
-            rx = T.alloc_var(T.float32)
-            rk = T.alloc_var(T.float32)
-            dot_x = T.alloc_var(T.float32)
-            dot_k = T.alloc_var(T.float32)
-            gsum = T.alloc_var(T.float32)
-
-            per_block = T.ceildiv(num_tokens, num_blocks)
-            t_start = T.min(T.Cast("int64", bid) * per_block, num_tokens)
-            t_end = T.min(t_start + per_block, num_tokens)
-
-            for j in T.unroll(steps):
-                for i in T.unroll(PIECE):
-                    acc_w[j, i] = T.float32(0)
-
-            # ---- the chunk's first token in flight: g and v (one group), then x and k piece by piece
-            # (one group per piece), the order in which the token uses them
-            if t_start < t_end:
-                # the resident steps' w (the thread's own pieces; landed by the first token's step 1)
-                for n in T.unroll(num_res):
-                    for half in T.unroll(2):
-                        T.evaluate(cp_async.copy16(w_s[c, n, half, lane, 0],
-                                                   weight_fused[c, (n * steps) // num_res * LANES + lane, half * 4]))
-                for j in T.unroll(steps):
-                    T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t_start, c, j * LANES + lane, 0]))
-                for m in T.unroll(share):
-                    if m * THREADS + tid < pieces:
-                        T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t_start, m * THREADS + tid, 0]))
-            cp_async.commit()
-            for j in T.unroll(steps):
-                if t_start < t_end:
-                    T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t_start, c, j * LANES + lane, 0]))
-                    T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t_start, c, j * LANES + lane, 0]))
-                cp_async.commit()
-
-            for t in T.serial(t_start, t_end):
-                # the token's saved values (their latency overlaps the wait)
-                d_c = dot[t, c]
-                gate_c = gate_score[t, c]
-                rx = rstd_x[t, c]
-                rk = rstd_k[t, c]
-                for h in T.unroll(HC):
-                    gates[h] = gate_score[t, h]
-                # ---- 1. the token's g and v have landed (each thread its copies; the barrier: all);
-                # the token's x and k pieces (the last `steps` groups) may still be in flight
-                cp_async.wait(steps)
-                T.sync_threads()
-                # ---- 2. dL/dgate partial sums; grad_v = sum over streams of g * gate, in stream order
-                dl = T.float32(0)
-                for j in T.unroll(steps):
-                    for i in T.vectorized(PIECE):
-                        gv[i] = g_s[c, j * LANES + lane, i]
-                    for i in T.vectorized(PIECE):
-                        vv[i] = v_s[j * LANES + lane, i]
-                    for i in T.unroll(PIECE):
-                        dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
-                for m in T.unroll(share):
-                    if m * THREADS + tid < pieces:
-                        for h in T.unroll(HC):
-                            for i in T.vectorized(PIECE):
-                                gq[h, i] = g_s[h, m * THREADS + tid, i]
-                        for i in T.unroll(PIECE):
-                            gsum = T.ieee_mul(_f32(gq[0, i]), gates[0])
-                            for h in T.unroll(1, HC):
-                                gsum = gsum + T.ieee_mul(_f32(gq[h, i]), gates[h])
-                            ox[i] = T.cast(gsum, T.bfloat16)
-                        for i in T.vectorized(PIECE):
-                            grad_v[t, m * THREADS + tid, i] = ox[i]
-                # the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
-                for s in T.unroll(5):
-                    dl = dl + T.shfl_xor(dl, 16 >> s)
-                if tid % WARP == 0:
-                    warp_sums[warp] = dl
-                # w of step 3's first loaded piece: its L2 latency under the barrier
-                if len(loaded) > 0:
-                    for i in T.vectorized(PIECE):
-                        wn[i] = weight_fused[c, loaded[0] * LANES + lane, i]
-                # every read of v and of other threads' g for this token is done past this barrier
-                T.sync_threads()
-                dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
-                abs_dot = T.abs(d_c)
-                below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
-                slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
-                r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
-                    dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
-                dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
-                dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
-                # ---- 3. the next token's v share (its slots retired by the barrier above); then per
-                # piece: grad_x, grad_k, weight-gradient terms, and the freed g slot takes the next
-                # token's piece.  Past the loop: the next token's g and v close one group, and its x
-                # and k pieces follow, one group per piece.
-                if t + 1 < t_end:
-                    for m in T.unroll(share):
-                        if m * THREADS + tid < pieces:
-                            T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
-                for j in T.unroll(steps):
-                    p = j * LANES + lane
-                    if _any_equal(j, resident):  # resident: from shared memory
-                        for half in T.unroll(2):
-                            for i in T.vectorized(4):
-                                wv[half * 4 + i] = w_s[c, _lookup(j, slot), half, lane, i]
-                    else:  # loaded a loaded piece ahead; the next loaded piece's w goes out now
-                        for i in T.vectorized(PIECE):
-                            wv[i] = wn[i]
-                        if _any_equal(j, list(after)):
-                            for i in T.vectorized(PIECE):
-                                wn[i] = weight_fused[c, _lookup(j, after) * LANES + lane, i]
-                    # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
-                    cp_async.wait(steps - 1 - j)
-                    for i in T.vectorized(PIECE):
-                        xv[i] = x_s[c, p, i]
-                    for i in T.vectorized(PIECE):
-                        kv[i] = k_s[c, p, i]
-                    for i in T.vectorized(PIECE):
-                        gv[i] = g_s[c, p, i]
-                    if t + 1 < t_end:
-                        T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t + 1, c, p, 0]))
-                    for i in T.unroll(PIECE):
-                        xf = _f32(xv[i])
-                        kf = _f32(kv[i])
-                        ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(r, T.ieee_sub(
-                            T.ieee_mul(kf, wv[i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
-                        ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[i]), T.ieee_mul(kf, dot_k))),
-                                       T.bfloat16)
-                        acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
-                    for i in T.vectorized(PIECE):
-                        grad_x[t, c, p, i] = ox[i]
-                    for i in T.vectorized(PIECE):
-                        grad_k[t, c, p, i] = ok[i]
-                cp_async.commit()
-                for j in T.unroll(steps):
-                    if t + 1 < t_end:
-                        T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t + 1, c, j * LANES + lane, 0]))
-                        T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t + 1, c, j * LANES + lane, 0]))
-                    cp_async.commit()
-
-            # ---- the chunk's weight-gradient sums (zeros for an empty chunk)
-            for j in T.unroll(steps):
-                for i in T.vectorized(PIECE):
-                    grad_w_partial[bid, c, j * LANES + lane, i] = acc_w[j, i]
+            body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
+                 grad_v, grad_w_partial, clamp_value, scalar)
 
     return engram_gate_bwd
+
+
+def _persistent_body(hidden, num_tokens, num_blocks):
+    """The persistent kernel's body (module docstring) and its device source."""
+    steps = hidden // SPAN
+    pieces = hidden // PIECE
+    share = -(-pieces // THREADS)  # grad_v pieces (and v pieces to copy) per thread
+    resident = resident_steps(hidden)  # w of these steps from shared memory
+    slot = {j: n for n, j in enumerate(resident)}
+    num_res = len(resident)
+    loaded = [j for j in range(steps) if j not in slot]  # w of these steps from global (L2)
+    after = {j: loaded[n + 1] for n, j in enumerate(loaded[:-1])}  # the next loaded step
+    assert _token_smem_bytes(hidden) + len(resident) * W_STEP_BYTES <= SMEM_LIMIT
+
+    @T.macro
+    def body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k, grad_v,
+             grad_w_partial, clamp_value, scalar):
+        T.assume(num_blocks > 0)
+        tid = T.get_thread_binding()
+        c = tid // LANES
+        lane = tid % LANES
+        warp = tid // WARP
+
+        g_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+        x_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+        k_s = T.alloc_shared((HC, pieces, PIECE), T.bfloat16)
+        v_s = T.alloc_shared((pieces, PIECE), T.bfloat16)
+        warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
+        # w of the resident steps, each thread its own piece as two 16-byte halves (element
+        # e of the piece at [.., e // 4, lane, e % 4]: a warp's 16-byte reads are contiguous)
+        w_s = T.alloc_shared((HC, max(len(resident), 1), 2, LANES, 4), T.float32)
+        gv = T.alloc_local((PIECE,), T.bfloat16)
+        vv = T.alloc_local((PIECE,), T.bfloat16)
+        xv = T.alloc_local((PIECE,), T.bfloat16)
+        kv = T.alloc_local((PIECE,), T.bfloat16)
+        wv = T.alloc_local((PIECE,), T.float32)
+        wn = T.alloc_local((PIECE,), T.float32)  # w of the next piece, loaded a piece ahead
+        ox = T.alloc_local((PIECE,), T.bfloat16)
+        ok = T.alloc_local((PIECE,), T.bfloat16)
+        acc_w = T.alloc_local((steps, PIECE), T.float32)
+        gates = T.alloc_local((HC,), T.float32)
+        gq = T.alloc_local((HC, PIECE), T.bfloat16)
+        dl = T.alloc_var(T.float32)
+        r = T.alloc_var(T.float32)
+        d_c = T.alloc_var(T.float32)
+        gate_c = T.alloc_var(T.float32)
+        rx = T.alloc_var(T.float32)
+        rk = T.alloc_var(T.float32)
+        dot_x = T.alloc_var(T.float32)
+        dot_k = T.alloc_var(T.float32)
+        gsum = T.alloc_var(T.float32)
+
+        per_block = T.ceildiv(num_tokens, num_blocks)
+        t_start = T.min(T.Cast("int64", bid) * per_block, num_tokens)
+        t_end = T.min(t_start + per_block, num_tokens)
+
+        for j in T.unroll(steps):
+            for i in T.unroll(PIECE):
+                acc_w[j, i] = T.float32(0)
+
+        # ---- the chunk's first token in flight: g and v (one group), then x and k piece by piece
+        # (one group per piece), the order in which the token uses them
+        if t_start < t_end:
+            # the resident steps' w (the thread's own pieces; landed by the first token's step 1)
+            for n in T.unroll(num_res):
+                for half in T.unroll(2):
+                    T.evaluate(cp_async.copy16(w_s[c, n, half, lane, 0],
+                                               weight_fused[c, (n * steps) // num_res * LANES + lane, half * 4]))
+            for j in T.unroll(steps):
+                T.evaluate(cp_async.copy16(g_s[c, j * LANES + lane, 0], grad_out[t_start, c, j * LANES + lane, 0]))
+            for m in T.unroll(share):
+                if m * THREADS + tid < pieces:
+                    T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t_start, m * THREADS + tid, 0]))
+        cp_async.commit()
+        for j in T.unroll(steps):
+            if t_start < t_end:
+                T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t_start, c, j * LANES + lane, 0]))
+                T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t_start, c, j * LANES + lane, 0]))
+            cp_async.commit()
+
+        for t in T.serial(t_start, t_end):
+            # the token's saved values (their latency overlaps the wait)
+            d_c = dot[t, c]
+            gate_c = gate_score[t, c]
+            rx = rstd_x[t, c]
+            rk = rstd_k[t, c]
+            for h in T.unroll(HC):
+                gates[h] = gate_score[t, h]
+            # ---- 1. the token's g and v have landed (each thread its copies; the barrier: all);
+            # the token's x and k pieces (the last `steps` groups) may still be in flight
+            cp_async.wait(steps)
+            T.sync_threads()
+            # ---- 2. dL/dgate partial sums; grad_v = sum over streams of g * gate, in stream order
+            dl = T.float32(0)
+            for j in T.unroll(steps):
+                for i in T.vectorized(PIECE):
+                    gv[i] = g_s[c, j * LANES + lane, i]
+                for i in T.vectorized(PIECE):
+                    vv[i] = v_s[j * LANES + lane, i]
+                for i in T.unroll(PIECE):
+                    dl = dl + T.ieee_mul(_f32(gv[i]), _f32(vv[i]))
+            for m in T.unroll(share):
+                if m * THREADS + tid < pieces:
+                    for h in T.unroll(HC):
+                        for i in T.vectorized(PIECE):
+                            gq[h, i] = g_s[h, m * THREADS + tid, i]
+                    for i in T.unroll(PIECE):
+                        gsum = T.ieee_mul(_f32(gq[0, i]), gates[0])
+                        for h in T.unroll(1, HC):
+                            gsum = gsum + T.ieee_mul(_f32(gq[h, i]), gates[h])
+                        ox[i] = T.cast(gsum, T.bfloat16)
+                    for i in T.vectorized(PIECE):
+                        grad_v[t, m * THREADS + tid, i] = ox[i]
+            # the stream's sum: warp butterfly, then (w0 + w1) + (w2 + w3)
+            for s in T.unroll(5):
+                dl = dl + T.shfl_xor(dl, 16 >> s)
+            if tid % WARP == 0:
+                warp_sums[warp] = dl
+            # w of step 3's first loaded piece: its L2 latency under the barrier
+            if len(loaded) > 0:
+                for i in T.vectorized(PIECE):
+                    wn[i] = weight_fused[c, loaded[0] * LANES + lane, i]
+            # every read of v and of other threads' g for this token is done past this barrier
+            T.sync_threads()
+            dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
+            abs_dot = T.abs(d_c)
+            below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
+            slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
+            r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
+                dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
+            dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
+            dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
+            # ---- 3. the next token's v share (its slots retired by the barrier above); then per
+            # piece: grad_x, grad_k, weight-gradient terms, and the freed g slot takes the next
+            # token's piece.  Past the loop: the next token's g and v close one group, and its x
+            # and k pieces follow, one group per piece.
+            if t + 1 < t_end:
+                for m in T.unroll(share):
+                    if m * THREADS + tid < pieces:
+                        T.evaluate(cp_async.copy16(v_s[m * THREADS + tid, 0], v[t + 1, m * THREADS + tid, 0]))
+            for j in T.unroll(steps):
+                p = j * LANES + lane
+                if _any_equal(j, resident):  # resident: from shared memory
+                    for half in T.unroll(2):
+                        for i in T.vectorized(4):
+                            wv[half * 4 + i] = w_s[c, _lookup(j, slot), half, lane, i]
+                else:  # loaded a loaded piece ahead; the next loaded piece's w goes out now
+                    for i in T.vectorized(PIECE):
+                        wv[i] = wn[i]
+                    if _any_equal(j, list(after)):
+                        for i in T.vectorized(PIECE):
+                            wn[i] = weight_fused[c, _lookup(j, after) * LANES + lane, i]
+                # the piece's x and k have landed: the groups of pieces j + 1 .. steps - 1 may not
+                cp_async.wait(steps - 1 - j)
+                for i in T.vectorized(PIECE):
+                    xv[i] = x_s[c, p, i]
+                for i in T.vectorized(PIECE):
+                    kv[i] = k_s[c, p, i]
+                for i in T.vectorized(PIECE):
+                    gv[i] = g_s[c, p, i]
+                if t + 1 < t_end:
+                    T.evaluate(cp_async.copy16(g_s[c, p, 0], grad_out[t + 1, c, p, 0]))
+                for i in T.unroll(PIECE):
+                    xf = _f32(xv[i])
+                    kf = _f32(kv[i])
+                    ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(r, T.ieee_sub(
+                        T.ieee_mul(kf, wv[i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
+                    ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[i]), T.ieee_mul(kf, dot_k))),
+                                   T.bfloat16)
+                    acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
+                for i in T.vectorized(PIECE):
+                    grad_x[t, c, p, i] = ox[i]
+                for i in T.vectorized(PIECE):
+                    grad_k[t, c, p, i] = ok[i]
+            cp_async.commit()
+            for j in T.unroll(steps):
+                if t + 1 < t_end:
+                    T.evaluate(cp_async.copy16(x_s[c, j * LANES + lane, 0], hidden_states[t + 1, c, j * LANES + lane, 0]))
+                    T.evaluate(cp_async.copy16(k_s[c, j * LANES + lane, 0], k[t + 1, c, j * LANES + lane, 0]))
+                cp_async.commit()
+
+        # ---- the chunk's weight-gradient sums (zeros for an empty chunk)
+        for j in T.unroll(steps):
+            for i in T.vectorized(PIECE):
+                grad_w_partial[bid, c, j * LANES + lane, i] = acc_w[j, i]
+
+    return body, cp_async.DEVICE_SOURCE
+
+
+def _small_batch_body(hidden, num_tokens, num_blocks):
+    """The small-batch kernel's body (module docstring) and its device source."""
+    steps = hidden // SPAN
+    pieces = hidden // PIECE
+
+    @T.macro
+    def body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k, grad_v,
+             grad_w_partial, clamp_value, scalar):
+        tid = T.get_thread_binding()
+        c = tid // LANES
+        lane = tid % LANES
+        warp = tid // WARP
+        t = T.Cast("int64", bid)  # the chunk's one token, if any (the host: T <= P)
+
+        # g, x and k rows and the v row as words of two bf16
+        rows_s = T.alloc_shared((3, HC, pieces, WORDS), T.uint32)
+        v_s = T.alloc_shared((pieces, WORDS), T.uint32)
+        warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
+        gw = T.alloc_local((WORDS,), T.uint32)
+        vw = T.alloc_local((WORDS,), T.uint32)
+        xw = T.alloc_local((WORDS,), T.uint32)
+        kw = T.alloc_local((WORDS,), T.uint32)
+        gq = T.alloc_local((HC, WORDS), T.uint32)
+        wv = T.alloc_local((steps, PIECE), T.float32)  # w of every piece of the thread
+        ox = T.alloc_local((PIECE,), T.bfloat16)
+        ok = T.alloc_local((PIECE,), T.bfloat16)
+        ow = T.alloc_local((PIECE,), T.float32)
+        gates = T.alloc_local((HC,), T.float32)
+        below = T.alloc_var(T.bool)
+        slope = T.alloc_var(T.float32)
+        dot_x = T.alloc_var(T.float32)
+        dot_k = T.alloc_var(T.float32)
+        dl = T.alloc_var(T.float32)
+        r = T.alloc_var(T.float32)
+        gsum = T.alloc_var(T.float32)
+
+        if t < num_tokens:
+            # ---- every load at once, in the order of use: the saved values (the gates first: step
+            # 1's grad_v); g and v, one group per piece (v piece j by the lane's stream j % 4); x and
+            # k, one group per piece, each followed by the piece's w.  The fences keep each load of
+            # registers where it stands (ptxas would move them behind the copies).
+            for h in T.unroll(HC):
+                gates[h] = gate_score[t, h]
+            d_c = dot[t, c]
+            gate_c = gate_score[t, c]
+            rx = rstd_x[t, c]
+            rk = rstd_k[t, c]
+            _issue_fence()
+            for j in T.unroll(steps):
+                T.evaluate(cp_async.copy16(rows_s[0, c, j * LANES + lane, 0], grad_out[t, c, j * LANES + lane, 0]))
+                if c == j % HC:
+                    T.evaluate(cp_async.copy16(v_s[j * LANES + lane, 0], v[t, j * LANES + lane, 0]))
+                cp_async.commit()
+            for j in T.unroll(steps):
+                T.evaluate(cp_async.copy16(rows_s[1, c, j * LANES + lane, 0], hidden_states[t, c, j * LANES + lane, 0]))
+                T.evaluate(cp_async.copy16(rows_s[2, c, j * LANES + lane, 0], k[t, c, j * LANES + lane, 0]))
+                cp_async.commit()
+                for i in T.vectorized(PIECE):
+                    wv[j, i] = weight_fused[c, j * LANES + lane, i]
+                _issue_fence()
+            # what r needs besides dL/dgate, and the normalisation terms: saved values only
+            abs_dot = T.abs(d_c)
+            below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
+            slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
+            dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
+            dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
+            # ---- 1. per piece as it lands: past the barrier of the lane's four streams (their warps
+            # of the same lanes) the piece's g and v are visible; dL/dgate terms, and in stream
+            # j % 4 grad_v of the lane's piece
+            dl = T.float32(0)
+            for j in T.unroll(steps):
+                p = j * LANES + lane
+                cp_async.wait(2 * steps - 1 - j)
+                _bar_sync(1 + warp % (LANES // WARP), LANES)
+                for i in T.vectorized(WORDS):
+                    gw[i] = rows_s[0, c, p, i]
+                for i in T.vectorized(WORDS):
+                    vw[i] = v_s[p, i]
+                for i in T.unroll(PIECE):
+                    dl = dl + T.ieee_mul(_bf16(gw[i // 2], i), _bf16(vw[i // 2], i))
+                if c == j % HC:
+                    for h in T.unroll(HC):
+                        for i in T.vectorized(WORDS):
+                            gq[h, i] = rows_s[0, h, p, i]
+                    for i in T.unroll(PIECE):
+                        gsum = T.ieee_mul(_bf16(gq[0, i // 2], i), gates[0])
+                        for h in T.unroll(1, HC):
+                            gsum = gsum + T.ieee_mul(_bf16(gq[h, i // 2], i), gates[h])
+                        ox[i] = T.cast(gsum, T.bfloat16)
+                    for i in T.vectorized(PIECE):
+                        grad_v[t, p, i] = ox[i]
+            # ---- 2. the stream's sum: warp butterfly, barrier of the stream's four warps,
+            # (w0 + w1) + (w2 + w3); r
+            for s in T.unroll(5):
+                dl = dl + T.shfl_xor(dl, 16 >> s)
+            if tid % WARP == 0:
+                warp_sums[warp] = dl
+            _bar_sync(1 + LANES // WARP + c, LANES)
+            dl = (warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3])
+            r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
+                dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
+            # ---- 3. per piece as its x and k land (its w in registers): grad_x, grad_k and the
+            # weight-gradient terms, the chunk's sum from zero (-0 becomes +0, as in the reference)
+            for j in T.unroll(steps):
+                p = j * LANES + lane
+                cp_async.wait(steps - 1 - j)
+                for i in T.vectorized(WORDS):
+                    gw[i] = rows_s[0, c, p, i]
+                for i in T.vectorized(WORDS):
+                    xw[i] = rows_s[1, c, p, i]
+                for i in T.vectorized(WORDS):
+                    kw[i] = rows_s[2, c, p, i]
+                for i in T.unroll(PIECE):
+                    xf = _bf16(xw[i // 2], i)
+                    kf = _bf16(kw[i // 2], i)
+                    ox[i] = T.cast(T.ieee_add(_bf16(gw[i // 2], i), T.ieee_mul(r, T.ieee_sub(
+                        T.ieee_mul(kf, wv[j, i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
+                    ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[j, i]), T.ieee_mul(kf, dot_k))),
+                                   T.bfloat16)
+                    ow[i] = T.ieee_add(T.float32(0), T.ieee_mul(T.ieee_mul(r, xf), kf))
+                for i in T.vectorized(PIECE):
+                    grad_x[t, c, p, i] = ox[i]
+                for i in T.vectorized(PIECE):
+                    grad_k[t, c, p, i] = ok[i]
+                for i in T.vectorized(PIECE):
+                    grad_w_partial[bid, c, p, i] = ow[i]
+        else:  # an empty chunk
+            for j in T.unroll(steps):
+                for i in T.vectorized(PIECE):
+                    grad_w_partial[bid, c, j * LANES + lane, i] = T.float32(0)
+
+    return body, cp_async.DEVICE_SOURCE + SMALL_BATCH_SOURCE

@@ -1,5 +1,6 @@
-"""engram.engram_gate_bwd: one kernel per hidden size (hc_mult 4); tokens, strides, P and
-clamp_value are run-time values."""
+"""engram.engram_gate_bwd: two kernels per hidden size (hc_mult 4), the small-batch one
+(``small_batch``: the host's choice for at most one token per SM) and the persistent one;
+tokens, strides, P and clamp_value are run-time values."""
 
 from kernels_tl.schema import Float, Op, Out, Param, Rand, Randn, Sample, Schema, Tensor
 
@@ -26,7 +27,7 @@ def _sample(name, tokens, hidden, clamp=CLAMP):
 T_C = "[hidden_states.shape[0], hidden_states.shape[1]]"
 
 SCHEMA = Schema(
-    static=("hc_mult", "hidden"),
+    static=("hc_mult", "hidden", "small_batch"),
     ops=[
         Op(
             module="engram",
