@@ -50,7 +50,8 @@ Untransposed output (``without_transpose``; 16-byte pieces, 8-byte stores): lane
 warp ``w`` owns the 8 channels ``8 * (L % 8) ...`` of the tile (4 words of each half row,
 one 16-byte piece) for the 4 tokens ``16 * w + L // 8 + 4 * k`` (k = 0..3).  A lane's 8
 pieces (4 tokens x l, r) are 16-byte loads into registers (a warp load reads 4 whole
-128-byte tile rows).
+128-byte tile rows), all issued before the math: a never-taken branch on ``token_blocks``
+ends their basic block, which ptxas does not sink loads out of.
 
 * amax: a lane's 4 tokens per word (``max.NaN.bf16x2``), then the warp's 16 tokens
   (``shfl.xor`` 8 and 16); lanes 0-7 put the warp's 32 words in shared memory.  After a
@@ -112,10 +113,17 @@ PASS_CONFIGS = {
 }
 DEVICE_SOURCE = NAN_MAX_SOURCE + PACK_SOURCE
 # one 8-byte store of two words at an 8-byte aligned global address (nvcc splits a
-# vectorized uint2 copy, and even a make_uint2 store, into two 4-byte stores here)
+# vectorized uint2 copy, and even a make_uint2 store, into two 4-byte stores here); and
+# the end of the loads' basic block: ptxas sinks register loads into the math that follows
+# in the same block (3-4 of a lane's 8 before it, the last after about 400 instructions),
+# never out of their block, so a branch it cannot fold, on a kernel argument and never
+# taken, right after the loads has all of them issued before the math
 STORE_SOURCE = r"""
 __device__ __forceinline__ void tka_store_u32x2(unsigned* p, unsigned a, unsigned b) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void tka_end_of_loads(bool never) {
+  if (never) __trap();
 }
 """
 
@@ -283,13 +291,15 @@ def swiglu_forward_and_per_channel_cast_and_transpose_kernel(transposed: int, cl
         row0 = by * TILE_TOKENS + warp * WARP_TOKENS + lane // LANES_PER_ROW  # tokens row0 + 4 k
 
         # the 8 pieces as 16-byte loads into registers (a warp load reads 4 whole 128-byte tile
-        # rows); ptxas issues 3-4 of them before the math and the rest between it
+        # rows), all issued before the math: a block runs only when token_blocks > 0
         for k in T.unroll(LANE_TOKENS):
             for j in T.vectorized(LANE_WORDS):
                 xl[k * LANE_WORDS + j] = x[row0 + k * ROWS_PER_LOAD, cw + j]
         for k in T.unroll(LANE_TOKENS):
             for j in T.vectorized(LANE_WORDS):
                 xr[k * LANE_WORDS + j] = x[row0 + k * ROWS_PER_LOAD, hidden // 2 + cw + j]
+        if not clamped:  # the clamped kernel's clamp-mode branches already end the loads' block
+            T.evaluate(T.call_extern("void", "tka_end_of_loads", token_blocks == 0))
         _tile_activations(xl, xr, v, act, clamped, swiglu_clamp_value, counts, tmp)
 
         # |act| maxima per word: the lane's 4 tokens, then the warp's 16 (the 4 lanes of a chunk)
