@@ -74,6 +74,8 @@ from tilelang import language as T
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl.fp_pack import DEVICE_SOURCE as PACK_SOURCE
 from kernels_tl.fp_pack import bf16x2, e4m3x4
+from kernels_tl.load_order import DEVICE_SOURCE as LOAD_ORDER_SOURCE
+from kernels_tl.load_order import end_of_loads
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import bf16x2_max_nan
 from kernels_tl.quant.swiglu_forward_and_per_token_cast.kernel import (BF16X2_MIN_SOURCE, CLAMP, CLAMP_NONE,
@@ -114,18 +116,12 @@ PASS_CONFIGS = {
 DEVICE_SOURCE = NAN_MAX_SOURCE + PACK_SOURCE
 # one 8-byte store of two words at an 8-byte aligned global address (nvcc splits a
 # vectorized uint2 copy, and even a make_uint2 store, into two 4-byte stores here); and
-# the end of the loads' basic block: ptxas sinks register loads into the math that follows
-# in the same block (3-4 of a lane's 8 before it, the last after about 400 instructions),
-# never out of their block, so a branch it cannot fold, on a kernel argument and never
-# taken, right after the loads has all of them issued before the math
+# the end of the loads' basic block (kernels_tl/load_order.py: without it ptxas sinks 5 of a
+# lane's 8 loads into the math, the last after about 400 instructions)
 STORE_SOURCE = r"""
 __device__ __forceinline__ void tka_store_u32x2(unsigned* p, unsigned a, unsigned b) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(a), "r"(b) : "memory");
-}
-__device__ __forceinline__ void tka_end_of_loads(bool never) {
-  if (never) __trap();
-}
-"""
+}""" + LOAD_ORDER_SOURCE
 
 
 def _low(word):
@@ -299,7 +295,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose_kernel(transposed: int, cl
             for j in T.vectorized(LANE_WORDS):
                 xr[k * LANE_WORDS + j] = x[row0 + k * ROWS_PER_LOAD, hidden // 2 + cw + j]
         if not clamped:  # the clamped kernel's clamp-mode branches already end the loads' block
-            T.evaluate(T.call_extern("void", "tka_end_of_loads", token_blocks == 0))
+            T.evaluate(end_of_loads(token_blocks == 0))
         _tile_activations(xl, xr, v, act, clamped, swiglu_clamp_value, counts, tmp)
 
         # |act| maxima per word: the lane's 4 tokens, then the warp's 16 (the 4 lanes of a chunk)
