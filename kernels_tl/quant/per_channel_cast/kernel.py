@@ -30,10 +30,11 @@ way a warp covers 16 rows (``32 / L`` row groups of R rows).
 Pre-quantized (wide, e4m3 codes): the R pieces go by ``cp.async`` into the thread's own 16-byte
 slots of a 32 KiB shared tile (a missing row or piece: a zero slot, nothing read; one predicated
 copy or store and the row's input factor per row, no branch), then the thread waits for its own
-copies only (no barrier: no other thread reads its slots).  Steps 1 and 4 read each slot back
-(``LDS.128``) and decode its 16 codes to f16 pairs (exact) each time, so no codes are held in
-registers between the steps: 48 registers and 42 KiB of shared memory, 5 blocks (160 KiB of
-loads) per SM.  One 16-byte store per row.
+copies only (no barrier: no other thread reads its slots; a never-taken branch before the wait
+keeps all R factor loads ahead of it, ``kernels_tl/load_order.py``).  Steps 1 and 4 read each
+slot back (``LDS.128``) and decode its 16 codes to f16 pairs (exact) each time, so no codes are
+held in registers between the steps: 48 registers and 42 KiB of shared memory, 5 blocks (160 KiB
+of loads) per SM.  One 16-byte store per row.
 
 0. Block order (in place): without a gather, channel tile fastest (grid x), so the blocks
    started together read whole rows; with a gather, row tile fastest, so the blocks started
@@ -71,6 +72,8 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 from kernels_tl import cp_async
+from kernels_tl.load_order import DEVICE_SOURCE as LOAD_ORDER_SOURCE
+from kernels_tl.load_order import end_of_loads
 from kernels_tl.nan_max import DEVICE_SOURCE as NAN_MAX_SOURCE
 from kernels_tl.nan_max import bf16x2_max_nan, max_nan
 from kernels_tl.quant.per_token_cast.kernel import CAST_SOURCE, QUANT_SOURCE
@@ -227,7 +230,8 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
         with T.Kernel(*[g(gather) if callable(g) else g for g in grid], threads=THREADS) as block_ids:
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[(wide, in_dtype)])
-            T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + QUANT_SOURCE + cp_async.DEVICE_SOURCE + DEVICE_SOURCE)
+            T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + QUANT_SOURCE + cp_async.DEVICE_SOURCE + DEVICE_SOURCE
+                            + (LOAD_ORDER_SOURCE if quantized else ""))
             tid = T.get_thread_binding()
             T.assume(num_per_tokens >= min_npt)
             T.assume(num_per_tokens <= TILE_ROWS)
@@ -308,6 +312,11 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                         for u in T.unroll(4):
                             w[i, u] = T.uint32(0)
             if quantized:
+                # all R input factors issued before the wait (kernels_tl/load_order.py: without the
+                # branch ptxas sinks 4 of the 8 factor loads past the wait for the copies, one more
+                # round trip after the data is in); a block runs only when num_rows > 0 (the host
+                # launches none else, and the grid has ceil(num_rows / 128) row tiles)
+                T.evaluate(end_of_loads(num_rows == 0))
                 # the thread's copies done (and visible to it); no other thread reads its slots
                 cp_async.commit()
                 cp_async.wait(0)
