@@ -158,6 +158,39 @@ def _issue_fence():
     T.evaluate(T.call_extern("void", "tka_issue_fence"))
 
 
+# The backward's arithmetic, shared by both kernels (float32 expressions in the reference's
+# order; the kernels differ in where their operands come from, not in how they combine them).
+def _below_clamp(abs_dot, scalar, rx, rk, clamp_value):
+    """The gate's clamp is active: ``|dot| * scalar * rstd_x * rstd_k < clamp_value``."""
+    return T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
+
+
+def _slope(abs_dot, scalar, rx, rk):
+    """``sqrt(scalar * rstd_x * rstd_k / |dot|)``, the square root's derivative factor."""
+    return T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
+
+
+def _norm_term(d, rstd, hidden):
+    """``dot * rstd^2 / H``: the normalisation's share of a row's gradient."""
+    return T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d, rstd), rstd), T.float32(hidden))
+
+
+def _r(dl, gate, below, slope):
+    """dL/d(dot) from dL/dgate: zero under the clamp, else ``dl * gate * (1 - gate) * 0.5 * slope``."""
+    return T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
+        dl, gate), T.ieee_sub(T.float32(1), gate)), T.float32(0.5)), slope))
+
+
+def _grad_x(g, x, k, w, r, dot_x):
+    """One element of grad_x: ``g + r * (k * w - x * dot_x)``, rounded to bf16."""
+    return T.cast(T.ieee_add(g, T.ieee_mul(r, T.ieee_sub(T.ieee_mul(k, w), T.ieee_mul(x, dot_x)))), T.bfloat16)
+
+
+def _grad_k(x, k, w, r, dot_k):
+    """One element of grad_k: ``r * (x * w - k * dot_k)``, rounded to bf16."""
+    return T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(x, w), T.ieee_mul(k, dot_k))), T.bfloat16)
+
+
 def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
     assert hc_mult == HC, "the backward kernel is built for hc_mult == 4"
     assert hidden % SPAN == 0, "hidden must be a multiple of 1024"
@@ -324,12 +357,11 @@ def _persistent_body(hidden, num_tokens, num_blocks):
             T.sync_threads()
             dl = ((warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3]))
             abs_dot = T.abs(d_c)
-            below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
-            slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
-            r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
-                dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
-            dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
-            dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
+            below = _below_clamp(abs_dot, scalar, rx, rk, clamp_value)
+            slope = _slope(abs_dot, scalar, rx, rk)
+            r = _r(dl, gate_c, below, slope)
+            dot_x = _norm_term(d_c, rx, hidden)
+            dot_k = _norm_term(d_c, rk, hidden)
             # ---- 3. the next token's v share (its slots retired by the barrier above); then per
             # piece: grad_x, grad_k, weight-gradient terms, and the freed g slot takes the next
             # token's piece.  Past the loop: the next token's g and v close one group, and its x
@@ -363,10 +395,8 @@ def _persistent_body(hidden, num_tokens, num_blocks):
                 for i in T.unroll(PIECE):
                     xf = _f32(xv[i])
                     kf = _f32(kv[i])
-                    ox[i] = T.cast(T.ieee_add(_f32(gv[i]), T.ieee_mul(r, T.ieee_sub(
-                        T.ieee_mul(kf, wv[i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
-                    ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[i]), T.ieee_mul(kf, dot_k))),
-                                   T.bfloat16)
+                    ox[i] = _grad_x(_f32(gv[i]), xf, kf, wv[i], r, dot_x)
+                    ok[i] = _grad_k(xf, kf, wv[i], r, dot_k)
                     acc_w[j, i] = acc_w[j, i] + T.ieee_mul(T.ieee_mul(r, xf), kf)
                 for i in T.vectorized(PIECE):
                     grad_x[t, c, p, i] = ox[i]
@@ -449,10 +479,10 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
                 _issue_fence()
             # what r needs besides dL/dgate, and the normalisation terms: saved values only
             abs_dot = T.abs(d_c)
-            below = T.ieee_mul(T.ieee_mul(T.ieee_mul(abs_dot, scalar), rx), rk) < clamp_value
-            slope = T.sqrt(T.ieee_fdiv(T.ieee_mul(T.ieee_mul(scalar, rx), rk), abs_dot))
-            dot_x = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rx), rx), T.float32(hidden))
-            dot_k = T.ieee_fdiv(T.ieee_mul(T.ieee_mul(d_c, rk), rk), T.float32(hidden))
+            below = _below_clamp(abs_dot, scalar, rx, rk, clamp_value)
+            slope = _slope(abs_dot, scalar, rx, rk)
+            dot_x = _norm_term(d_c, rx, hidden)
+            dot_k = _norm_term(d_c, rk, hidden)
             # ---- 1. per piece as it lands: past the barrier of the lane's four streams (their warps
             # of the same lanes) the piece's g and v are visible; dL/dgate terms, and in stream
             # j % 4 grad_v of the lane's piece
@@ -486,8 +516,7 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
                 warp_sums[warp] = dl
             _bar_sync(1 + LANES // WARP + c, LANES)
             dl = (warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3])
-            r = T.Select(below, T.float32(0), T.ieee_mul(T.ieee_mul(T.ieee_mul(T.ieee_mul(
-                dl, gate_c), T.ieee_sub(T.float32(1), gate_c)), T.float32(0.5)), slope))
+            r = _r(dl, gate_c, below, slope)
             # ---- 3. per piece as its x and k land (its w in registers): grad_x, grad_k and the
             # weight-gradient terms, the chunk's sum from zero (-0 becomes +0, as in the reference)
             for j in T.unroll(steps):
@@ -502,10 +531,8 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
                 for i in T.unroll(PIECE):
                     xf = _bf16(xw[i // 2], i)
                     kf = _bf16(kw[i // 2], i)
-                    ox[i] = T.cast(T.ieee_add(_bf16(gw[i // 2], i), T.ieee_mul(r, T.ieee_sub(
-                        T.ieee_mul(kf, wv[j, i]), T.ieee_mul(xf, dot_x)))), T.bfloat16)
-                    ok[i] = T.cast(T.ieee_mul(r, T.ieee_sub(T.ieee_mul(xf, wv[j, i]), T.ieee_mul(kf, dot_k))),
-                                   T.bfloat16)
+                    ox[i] = _grad_x(_bf16(gw[i // 2], i), xf, kf, wv[j, i], r, dot_x)
+                    ok[i] = _grad_k(xf, kf, wv[j, i], r, dot_k)
                     ow[i] = T.ieee_add(T.float32(0), T.ieee_mul(T.ieee_mul(r, xf), kf))
                 for i in T.vectorized(PIECE):
                     grad_x[t, c, p, i] = ox[i]
