@@ -88,16 +88,14 @@ def _signature_of(qualname: str) -> inspect.Signature:
 
 
 def _with_signature(module: str, name: str):
-    """The public function of kernel op ``<module>.<name>`` whose default is a torch.dtype: a
-    pass-through to the C function (which parses, checks and raises), carrying the signature
-    (None when this build lacks the op)."""
+    """The public function of kernel op ``<module>.<name>`` whose default is a torch.dtype: the C
+    function itself inside a ``functools.partial`` that binds nothing (a C-level call, no Python
+    frame on the hot path), carrying the name, documentation and signature (None when this
+    build lacks the op)."""
     kernel_op = getattr(getattr(_C, module, None), name, None)
     if kernel_op is None:
         return None
-
-    def call(*args, **kwargs):
-        return kernel_op(*args, **kwargs)
-
+    call = functools.partial(kernel_op)
     call.__name__ = call.__qualname__ = name
     call.__module__ = f"tile_kernels_aot.{module}"
     call.__doc__ = kernel_op.__doc__

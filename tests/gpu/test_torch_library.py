@@ -210,6 +210,25 @@ def test_out_tensors_under_compile():
     _assert_block_equal([out, out_sf], list(expected), "out= under torch.compile")
 
 
+def test_wrapped_public_functions_compile_fullgraph():
+    """A public function that wraps its kernel op (a dtype default's signature, the no-sync
+    mapping) traces under torch.compile into one graph and gives the eager bits."""
+    ids = {qualname(r) for r in OPS}
+    cases = []
+    if "quant.unpack_from_e2m1fn_x2" in ids:
+        packed = torch.randint(-128, 128, (300, 512), dtype=torch.int8, device="cuda")
+        cases.append((lambda x: tk.quant.unpack_from_e2m1fn_x2(x, torch.bfloat16), packed))
+    if "moe.get_fused_mapping" in ids:
+        topk_idx = torch.randint(-1, 64, (200, 6), dtype=torch.int64, device="cuda")
+        cases.append((lambda i: tk.moe.get_fused_mapping(i, 64, 200 * 6 + 64 * 15, 16)[:7], topk_idx))
+    if not cases:
+        pytest.skip("no wrapped op in this build")
+    for fn, x in cases:
+        torch._dynamo.reset()
+        expected, got = _as_list(fn(x)), _as_list(torch.compile(fn, fullgraph=True, backend="aot_eager")(x))
+        _assert_block_equal(got, expected, "a wrapped public function under torch.compile")
+
+
 def test_export_runs_bit_identical():
     w_gate, w_up = _block_or_skip()
 
