@@ -30,6 +30,8 @@ registers until the block reduction.  No static dim but ``M``.
 from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
+from kernels_tl.load_order import DEVICE_SOURCE as LOAD_ORDER_SOURCE
+from kernels_tl.load_order import end_of_loads
 from kernels_tl.mhc import streams
 from kernels_tl.mhc.streams import (BLOCK, MIN_BLOCKS_PER_SM, PIECE, WARPS, block_partials, block_total,
                                     torch_stream_sum)
@@ -56,6 +58,7 @@ def post_bwd_kernel(mhc_mult: int):
         d_comb: T.Tensor[(num_tokens, M * M), T.float32],
     ):
         with T.Kernel(num_tokens, threads=BLOCK) as token:
+            T.import_source(LOAD_ORDER_SOURCE)
             wait_for_previous_grid()  # programmatic dependent launch
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
@@ -86,6 +89,15 @@ def post_bwd_kernel(mhc_mult: int):
                             rs[m, u] = residual[token, m, lane, u]
                     for u in T.vectorized(PIECE):
                         xs[u] = x[token, lane, u]
+                    # all 2 * M + 1 loads issued before the math (kernels_tl/load_order.py)
+                    T.evaluate(end_of_loads(num_tokens == 0))
+                    # the partial sums over the hidden size first: x and residual are dead after them
+                    for n in T.unroll(M):
+                        for u in T.unroll(PIECE):
+                            partial[n] = T.fma(T.cast(xs[u], T.float32), T.cast(gs[n, u], T.float32), partial[n])
+                            for m in T.unroll(M):
+                                partial[M + m * M + n] = T.fma(T.cast(rs[m, u], T.float32),
+                                                               T.cast(gs[n, u], T.float32), partial[M + m * M + n])
                     # d_x: the products g[n] * post[n], summed over the streams
                     for u in T.unroll(PIECE):
                         ob[u] = T.cast(torch_stream_sum([T.ieee_mul(T.cast(gs[n, u], T.float32), pw[n])
@@ -101,13 +113,6 @@ def post_bwd_kernel(mhc_mult: int):
                             ob[u] = T.cast(acc[u], T.bfloat16)
                         for u in T.vectorized(PIECE):
                             d_residual[token, m, lane, u] = ob[u]
-                    # the partial sums over the hidden size
-                    for n in T.unroll(M):
-                        for u in T.unroll(PIECE):
-                            partial[n] = T.fma(T.cast(xs[u], T.float32), T.cast(gs[n, u], T.float32), partial[n])
-                            for m in T.unroll(M):
-                                partial[M + m * M + n] = T.fma(T.cast(rs[m, u], T.float32),
-                                                               T.cast(gs[n, u], T.float32), partial[M + m * M + n])
             block_partials(partial, reduce_buf, S)
             for k in T.unroll(S):
                 if tid == k:
