@@ -52,10 +52,13 @@ of loads) per SM.  One 16-byte store per row.
 4. Each thread encodes its R x V values with its block's sf_inv: ``cvt.rn.satfinite.e4m3x2``
    into 32-bit words.  In place: R stores of V bytes (``STG.64`` bf16, ``STG.128``
    pre-quantized, ``STG.32`` fp32).
-   Transposed (bf16, narrow): a 4 x 4 byte transpose per channel quad (``PRMT``) gives, per
-   channel, the word of its 4 rows, stored into a [CH][128 bytes] shared tile (the word's slot
-   XORed with ``4 * (channel // 8)``: conflict-free); barrier; then 16-byte chunks of 16 tokens
-   go out, 8 lanes per 128-byte output line.
+   Transposed (bf16, narrow): per channel, the codes of its 4 rows made directly as one word
+   (``tka_e4m3x4_codes`` of the channel's 4 products: byte i is row i), stored into a
+   [CH][128 bytes] shared tile (the word's slot XORed with ``4 * (channel // 8)``:
+   conflict-free); barrier; then 16-byte chunks of 16 tokens go out, 8 lanes per 128-byte output
+   line.  The exchange, the factors and the code tile are three static shared arrays (no
+   aliasing, so no barrier before a reuse): three barriers per block.  ``num_per_tokens`` (32 or
+   128) enters the index math as a shift (``31 - clz``).
 
 Rows past ``num_rows`` (a partial last block) and pieces past ``hidden`` load nothing (they add
 0 to the maxima) and store nothing.  With a gather ``num_rows % 16 == 0`` and a thread's first row
@@ -88,10 +91,12 @@ TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
 # warp covers 16 rows.
 LAYOUT = {1: (16, 8), 0: (8, 4)}
 WARP_ROWS = 16
-# Launch bounds (blocks of 256 threads per SM): narrow 4 (<= 64 registers); wide 3 (<= 80), the
-# pre-quantized input 5 (<= 48: its codes wait in shared memory, 42 KiB per block).
+# Launch bounds (blocks of 256 threads per SM) by (wide, in_dtype): narrow 4 (<= 64 registers); wide 3
+# (<= 80), the pre-quantized input 5 (<= 48: its codes wait in shared memory, 42 KiB per block).
+# Transposed: 5 (<= 48 registers; 11 KiB of static shared memory per block).
 MIN_BLOCKS_PER_SM = {(0, "bfloat16"): 4, (0, "float32"): 4, (1, "bfloat16"): 3, (1, "float32"): 3,
                      (1, "float8_e4m3fn"): 5}
+MIN_BLOCKS_PER_SM_TRANSPOSED = 5
 FP8_MAX = 448.0
 SF_CLAMP_MIN = 1e-4
 IN_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -104,7 +109,7 @@ PASS_CONFIGS = {
 
 # Device helpers: an e4m3 code pair of a word as an f16 pair (exact, 0x7F / 0xFF -> NaN), one f16
 # of such a pair as float32 (the two steps of ``tka_e4m3x2_values``, apart so that the f16 pairs
-# can be kept), and a 4 x 4 byte transpose (word e of the result holds byte e of w0, w1, w2, w3).
+# can be kept).
 DEVICE_SOURCE = r"""
 __device__ __forceinline__ unsigned tka_pcc_e4m3x2_f16x2(unsigned w, int hi) {
   unsigned h;
@@ -146,12 +151,6 @@ __device__ __forceinline__ void tka_pcc_slot_load(unsigned* dst, const void* slo
   const uint4 v = *static_cast<const uint4*>(slot);
   dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
 }
-__device__ __forceinline__ unsigned tka_pcc_byte_column(unsigned w0, unsigned w1, unsigned w2, unsigned w3, int e) {
-  // bytes e of (w0, w1) and of (w2, w3) side by side, then the two pairs
-  const unsigned sel = 0x11u * (unsigned)e + 0x40u;  // byte e of the first word, then of the second
-  const unsigned a = __byte_perm(w0, w1, sel), b = __byte_perm(w2, w3, sel);
-  return __byte_perm(a, b, 0x5410u);
-}
 """
 
 
@@ -161,9 +160,11 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
     quantized = in_dtype == "float8_e4m3fn"
     assert wide in (0, 1) and not (transpose and wide) and (wide or not quantized)
     L, R = LAYOUT[wide]  # lanes per tile row, rows per thread
+    V = 16 // IN_BYTES[in_dtype]  # channels per 16-byte piece
+    # transposed: a thread's 4 rows are one output word per channel, its 8 channels one 8-word slot group
+    assert not transpose or (R == 4 and V == 8 and L == 8)
     assert 32 // L * R == WARP_ROWS
     SHFL_STEPS = (32 // L).bit_length() - 1  # row groups of a warp: 4 (2 steps) or 2 (1 step)
-    V = 16 // IN_BYTES[in_dtype]  # channels per 16-byte piece
     CH = L * V  # channels per tile
     OW = V // 4  # 32-bit words of e4m3 codes per piece
     # the fewest rows per factor: 32 transposed (upstream's 32 and 128), else 128, so that the
@@ -229,25 +230,32 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
     ):
         with T.Kernel(*[g(gather) if callable(g) else g for g in grid], threads=THREADS) as block_ids:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[(wide, in_dtype)])
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM_TRANSPOSED if transpose
+                                         else MIN_BLOCKS_PER_SM[(wide, in_dtype)])
             T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + QUANT_SOURCE + cp_async.DEVICE_SOURCE + DEVICE_SOURCE
                             + (LOAD_ORDER_SOURCE if quantized else ""))
             tid = T.get_thread_binding()
             T.assume(num_per_tokens >= min_npt)
             T.assume(num_per_tokens <= TILE_ROWS)
 
-            partial = T.alloc_shared((WARPS, CH), T.float32)  # per-warp maxima of 16 rows
-            inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32)  # sf_inv per (row block, channel)
+            if transpose:
+                # three static tiles, none aliasing another, so that only the three read-after-write
+                # barriers remain (merged into one dynamic buffer, TileLang also put a barrier before
+                # each reuse of the bytes)
+                partial = T.alloc_shared((WARPS, CH), T.float32, scope="shared")
+                inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32, scope="shared")
+                # e4m3 codes of the tile, one 128-byte row (32 words) per channel, slots swizzled
+                codes_v = T.alloc_shared((CH * 8,), "uint32x4", scope="shared")
+                codes_t = T.view(codes_v, (CH * 32,), T.uint32)
+            else:
+                partial = T.alloc_shared((WARPS, CH), T.float32)  # per-warp maxima of 16 rows
+                inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32)  # sf_inv per (row block, channel)
             if quantized:
                 # the tile's codes, 16 bytes per (row, piece): each thread's own slots (cp.async), static
                 # shared memory apart from the merged dynamic buffers
                 tile = T.alloc_shared((TILE_ROWS, L, 4), T.uint32, scope="shared")
                 wr = T.alloc_local((4,), T.uint32)  # one piece of one row
                 hr = T.alloc_local((8,), T.uint32)  # its codes as f16 pairs
-            if transpose:
-                # e4m3 codes of the tile, one 128-byte row (32 words) per channel, slots swizzled
-                codes_v = T.alloc_shared((CH * 8,), "uint32x4")
-                codes_t = T.view(codes_v, (CH * 32,), T.uint32)
 
             if not quantized:
                 w = T.alloc_local((R, 4), T.uint32)  # the thread's R pieces
@@ -359,7 +367,12 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
 
             # ---- 3. factors: one thread per (row block, channel)
             warps_per_block = num_per_tokens // WARP_ROWS
-            num_blocks = TILE_ROWS // num_per_tokens  # row blocks of a tile
+            if transpose:
+                # num_per_tokens is a power of two (32 or 128 here): shifts, no run-time division
+                npt_log2 = 31 - T.call_extern(T.int32, "__clz", num_per_tokens)
+                num_blocks = T.shift_right(TILE_ROWS, npt_log2)
+            else:
+                num_blocks = TILE_ROWS // num_per_tokens  # row blocks of a tile (folded: 1)
             if tid < num_blocks * CH:
                 blk = tid // CH
                 ch = tid % CH
@@ -376,7 +389,7 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
             T.sync_threads()
 
             # ---- 4. encode
-            blk_t = rg * R // num_per_tokens
+            blk_t = T.shift_right(rg * R, npt_log2) if transpose else rg * R // num_per_tokens
             for c in T.vectorized(V):
                 sf_inv[c] = inv[blk_t, (tid % L) * V + c]
             if quantized:
@@ -392,24 +405,14 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                         T.evaluate(T.call_extern(
                             "void", "tka_store_x4", T.address_of(out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW]),
                             code[i, 0], code[i, 1], code[i, 2], code[i, 3]))
-            else:
-                for i in T.unroll(R):
-                    for q in T.unroll(OW):
-                        code[i, q] = T.call_extern(
-                            T.uint32, "tka_e4m3x4_codes", scaled(w, sf_inv, i, 4 * q),
-                            scaled(w, sf_inv, i, 4 * q + 1), scaled(w, sf_inv, i, 4 * q + 2),
-                            scaled(w, sf_inv, i, 4 * q + 3))
-                    if not transpose:  # in place: each row's codes go out as soon as they are made
-                        if piece_ok and row0 + i < num_rows:
-                            for q in T.vectorized(OW):
-                                out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW + q] = code[i, q]
-            if transpose:
-                # per channel, the word of its 4 rows, into the channel's swizzled 128-byte row
-                for q in T.unroll(OW):
-                    for e in T.unroll(4):
-                        ch_t = (tid % L) * V + 4 * q + e
-                        codes_t[ch_t * 32 + (rg ^ ((ch_t // 8 % 8) * 4))] = T.call_extern(
-                            T.uint32, "tka_pcc_byte_column", code[0, q], code[1, q], code[2, q], code[3, q], e)
+            elif transpose:
+                # per channel, the codes of its 4 rows as one word (byte i: row i; the same products
+                # and conversions as the in-place codes), into the channel's 128-byte row with the
+                # word slot XORed with 4 * (channel // 8) = 4 * (tid % L): a warp's 32 stores hit 32
+                # banks (rg's low 2 bits from the lane, its high 3 bits XOR the lane's piece)
+                for c in T.unroll(V):
+                    codes_t[((tid % L) * V + c) * 32 + (rg ^ ((tid % L) * 4))] = T.call_extern(
+                        T.uint32, "tka_e4m3x4_codes", *[scaled(w, sf_inv, i, c) for i in range(R)])
                 T.sync_threads()
                 for j in T.unroll(CH * 8 // THREADS):
                     unit = j * THREADS + tid
@@ -418,6 +421,17 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
                     if tile_c * CH + ch_o < row_pieces * V:
                         out[T.Cast("int64", tile_c * CH + ch_o), tile_r * 8 + chunk] = \
                             codes_v[ch_o * 8 + (chunk ^ (ch_o // 8 % 8))]
+            else:
+                for i in T.unroll(R):
+                    for q in T.unroll(OW):
+                        code[i, q] = T.call_extern(
+                            T.uint32, "tka_e4m3x4_codes", scaled(w, sf_inv, i, 4 * q),
+                            scaled(w, sf_inv, i, 4 * q + 1), scaled(w, sf_inv, i, 4 * q + 2),
+                            scaled(w, sf_inv, i, 4 * q + 3))
+                    # in place: each row's codes go out as soon as they are made
+                    if piece_ok and row0 + i < num_rows:
+                        for q in T.vectorized(OW):
+                            out[(T.Cast("int64", row0 + i) * row_pieces + piece) * OW + q] = code[i, q]
 
     return per_channel_cast
 
