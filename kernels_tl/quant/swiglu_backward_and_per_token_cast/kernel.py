@@ -56,7 +56,8 @@ V = 16  # channels per lane and half per step
 UNIT = 32  # hidden is a multiple of this (the smallest group)
 SF_CLAMP_MIN = 1e-4
 # 8 blocks of 64 threads per SM (16 warps): at most 128 registers per thread, enough to keep
-# a lane's 32 float32 gradients and the double-double sum without spills
+# a lane's 32 float32 gradients and the double-double sum (ptxas keeps a few row-invariant
+# offsets on the stack, stored once per row)
 MIN_BLOCKS_PER_SM = 8
 GROUPS = (32, 128)
 PASS_CONFIGS = {
@@ -171,10 +172,30 @@ def _element(gl, gr, gw, k, half, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, v
 
 
 @T.macro
-def _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, valid, fast):
+def _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, wo, fv, tmp, acc, dt, valid, fast):
     for p in T.unroll(V // 2):
         _element(gl, gr, gw, 2 * p, 0, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, valid, fast)
         _element(gl, gr, gw, 2 * p + 1, 1, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, valid, fast)
+        # out's pair packed at once: 8 words live through the rest of the chunk, not 16 floats
+        wo[p] = T.call_extern(T.uint32, "tka_bf16x2", ob[2 * p], ob[2 * p + 1])
+
+
+@T.macro
+def _load_x(x, x_sf, xl, xr, sf, row, src, hidden, group):
+    """The lane's input for chunk ``src``: 16 e4m3 of each half and the two factors."""
+    for i in T.vectorized(V // 4):
+        xl[i] = x[row, src * (V // 4) + i]
+    for i in T.vectorized(V // 4):
+        xr[i] = x[row, hidden // 4 + src * (V // 4) + i]
+    sf[0] = x_sf[row, src * V // group]
+    sf[1] = x_sf[row, hidden // group + src * V // group]
+
+
+@T.macro
+def _load_g(grad_out, gw, row, src):
+    """The lane's 16 bf16 of ``g`` for chunk ``src``."""
+    for i in T.vectorized(V // 2):
+        gw[i] = grad_out[row, src * (V // 2) + i]
 
 
 @T.macro
@@ -249,6 +270,7 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
             gl = T.alloc_local((V,), T.float32)
             gr = T.alloc_local((V,), T.float32)
             ob = T.alloc_local((V,), T.float32)
+            wo = T.alloc_local((V // 2,), T.uint32)  # out's packed bf16 pairs
             wb = T.alloc_local((V // 2,), T.uint32)  # packed bf16 / e4m3 words to store
             tmp = T.alloc_local((4,), T.float32)  # fast_quotient's temporaries
             fv = T.alloc_local((3,), T.float32)  # an element's d, l / d, 1 / d
@@ -260,8 +282,16 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
             pos = T.alloc_var(T.int32)
             mapped = T.alloc_var(T.bool)
             rng = T.alloc_var(T.float32)
-            sfl = T.alloc_var(T.float32)
-            sfr = T.alloc_var(T.float32)
+            sf = T.alloc_local((2,), T.float32)  # the chunk's factors (left, right)
+            num_steps = T.if_then_else(row < num_rows, T.ceildiv(num_chunks, THREADS), T.int64(0))
+
+            # the first step's loads and the row's position go out first: the zeroing pass
+            # below and the weight read then overlap their latency
+            pos = -1
+            if row < num_rows:
+                _load_x(x, x_sf, xl, xr, sf, row, T.min(T.Cast(T.int64, tid), num_chunks - 1), hidden, group)
+                _load_g(grad_out, gw, row, T.min(T.Cast(T.int64, tid), num_chunks - 1))
+                pos = pos_to_token_topk[row]
 
             # weight_grad entries no row maps to: 0 (a grid-stride pass over the entries)
             total_threads = T.Cast(T.int64, T.max(num_rows, 1)) * THREADS
@@ -274,31 +304,26 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
                     elif pos_to_token_topk[p] != e:
                         weight_grad[e] = T.float32(0.0)
 
-            pos = -1
-            if row < num_rows:
-                pos = pos_to_token_topk[row]
             mapped = pos >= 0 and pos < num_entries
             w = T.if_then_else(mapped, weight[T.max(T.min(pos, num_entries - 1), 0)], T.float32(0.0))
             acc[0] = T.float64(0.0)
             acc[1] = T.float64(0.0)
 
             # the block of a row past num_rows (only with none: see the grid) has no chunks
-            for step in T.serial(T.if_then_else(row < num_rows, T.ceildiv(num_chunks, THREADS), T.int64(0))):
+            for step in T.serial(num_steps):
                 chunk = T.Cast(T.int64, step) * THREADS + tid
                 valid = chunk < num_chunks
                 # lanes past the row re-read its last chunk (whole warps reach the shuffles)
-                src = T.min(chunk, num_chunks - 1)
-                for i in T.vectorized(V // 4):
-                    xl[i] = x[row, src * (V // 4) + i]
-                for i in T.vectorized(V // 4):
-                    xr[i] = x[row, hidden // 4 + src * (V // 4) + i]
-                for i in T.vectorized(V // 2):
-                    gw[i] = grad_out[row, src * (V // 2) + i]
-                sfl = x_sf[row, src * V // group]
-                sfr = x_sf[row, hidden // group + src * V // group]
+                next_src = T.min(chunk + THREADS, num_chunks - 1)
+                # this step's inputs were loaded before the loop (step 0) or during the step before
                 for k in T.unroll(V):
-                    gl[k] = _mul(T.call_extern(T.float32, "tka_e4m3_at", xl[k // 4], k % 4), sfl)
-                    gr[k] = _mul(T.call_extern(T.float32, "tka_e4m3_at", xr[k // 4], k % 4), sfr)
+                    gl[k] = _mul(T.call_extern(T.float32, "tka_e4m3_at", xl[k // 4], k % 4), sf[0])
+                    gr[k] = _mul(T.call_extern(T.float32, "tka_e4m3_at", xr[k // 4], k % 4), sf[1])
+                # software pipeline: xl, xr and the factors are free once dequantized, so the
+                # next step's fp8 loads go out before this step's math (the branch on rng
+                # below ends their basic block, so ptxas cannot sink them into the math)
+                if step + 1 < num_steps:
+                    _load_x(x, x_sf, xl, xr, sf, row, next_src, hidden, group)
 
                 # the fast divide is exact while every |l| (after the clamp, which only
                 # lowers l) is below 64; fmaxf skips NaN, which either divide propagates
@@ -306,15 +331,17 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
                 for k in T.unroll(V):
                     rng = T.max(rng, T.abs(gl[k]))
                 if rng < T.float32(FAST_DIV_LIMIT) and swiglu_clamp_value > -FAST_DIV_LIMIT:
-                    _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, valid, True)
+                    _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, wo, fv, tmp, acc, dt, valid, True)
                 else:
-                    _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, fv, tmp, acc, dt, valid, False)
+                    _chunk(gl, gr, gw, swiglu_clamp_value, w, ob, wo, fv, tmp, acc, dt, valid, False)
 
+                # gw is free after the math: the next step's gradient load goes out before
+                # this step's stores and cast
+                if step + 1 < num_steps:
+                    _load_g(grad_out, gw, row, next_src)
                 if valid:
-                    for i in T.unroll(V // 2):
-                        wb[i] = T.call_extern(T.uint32, "tka_bf16x2", ob[2 * i], ob[2 * i + 1])
                     for i in T.vectorized(V // 2):
-                        out[row, chunk * (V // 2) + i] = wb[i]
+                        out[row, chunk * (V // 2) + i] = wo[i]
                     for i in T.unroll(V // 2):
                         wb[i] = T.call_extern(T.uint32, "tka_bf16x2", gl[2 * i], gl[2 * i + 1])
                     for i in T.vectorized(V // 2):
