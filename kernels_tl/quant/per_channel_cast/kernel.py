@@ -91,12 +91,11 @@ TILE_ROWS = 128  # rows of a tile: the largest row block (num_per_tokens)
 # warp covers 16 rows.
 LAYOUT = {1: (16, 8), 0: (8, 4)}
 WARP_ROWS = 16
-# Launch bounds (blocks of 256 threads per SM) by (wide, in_dtype): narrow 4 (<= 64 registers); wide 3
-# (<= 80), the pre-quantized input 5 (<= 48: its codes wait in shared memory, 42 KiB per block).
-# Transposed: 5 (<= 48 registers; 11 KiB of static shared memory per block).
-MIN_BLOCKS_PER_SM = {(0, "bfloat16"): 4, (0, "float32"): 4, (1, "bfloat16"): 3, (1, "float32"): 3,
-                     (1, "float8_e4m3fn"): 5}
-MIN_BLOCKS_PER_SM_TRANSPOSED = 5
+# Launch bounds (blocks of 256 threads per SM) by (transpose, wide, in_dtype): narrow 4 (<= 64
+# registers); wide 3 (<= 80), the pre-quantized input 5 (<= 48: its codes wait in shared memory,
+# 42 KiB per block); transposed 5 (<= 48 registers; 11 KiB of static shared memory per block).
+MIN_BLOCKS_PER_SM = {(0, 0, "bfloat16"): 4, (0, 0, "float32"): 4, (0, 1, "bfloat16"): 3, (0, 1, "float32"): 3,
+                     (0, 1, "float8_e4m3fn"): 5, (1, 0, "bfloat16"): 5}
 FP8_MAX = 448.0
 SF_CLAMP_MIN = 1e-4
 IN_BYTES = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -230,26 +229,23 @@ def per_channel_cast_kernel(in_dtype: str, transpose: int, wide: int):
     ):
         with T.Kernel(*[g(gather) if callable(g) else g for g in grid], threads=THREADS) as block_ids:
             wait_for_previous_grid()  # programmatic dependent launch
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM_TRANSPOSED if transpose
-                                         else MIN_BLOCKS_PER_SM[(wide, in_dtype)])
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM[(transpose, wide, in_dtype)])
             T.import_source(NAN_MAX_SOURCE + CAST_SOURCE + QUANT_SOURCE + cp_async.DEVICE_SOURCE + DEVICE_SOURCE
                             + (LOAD_ORDER_SOURCE if quantized else ""))
             tid = T.get_thread_binding()
             T.assume(num_per_tokens >= min_npt)
             T.assume(num_per_tokens <= TILE_ROWS)
 
+            # transposed: three static tiles, none aliasing another, so that only the three
+            # read-after-write barriers remain (merged into one dynamic buffer, TileLang also put a
+            # barrier before each reuse of the bytes)
+            tile_scope = "shared" if transpose else "shared.dyn"
+            partial = T.alloc_shared((WARPS, CH), T.float32, scope=tile_scope)  # per-warp maxima of 16 rows
+            inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32, scope=tile_scope)  # sf_inv per (row block, channel)
             if transpose:
-                # three static tiles, none aliasing another, so that only the three read-after-write
-                # barriers remain (merged into one dynamic buffer, TileLang also put a barrier before
-                # each reuse of the bytes)
-                partial = T.alloc_shared((WARPS, CH), T.float32, scope="shared")
-                inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32, scope="shared")
                 # e4m3 codes of the tile, one 128-byte row (32 words) per channel, slots swizzled
-                codes_v = T.alloc_shared((CH * 8,), "uint32x4", scope="shared")
+                codes_v = T.alloc_shared((CH * 8,), "uint32x4", scope=tile_scope)
                 codes_t = T.view(codes_v, (CH * 32,), T.uint32)
-            else:
-                partial = T.alloc_shared((WARPS, CH), T.float32)  # per-warp maxima of 16 rows
-                inv = T.alloc_shared((TILE_ROWS // min_npt, CH), T.float32)  # sf_inv per (row block, channel)
             if quantized:
                 # the tile's codes, 16 bytes per (row, piece): each thread's own slots (cp.async), static
                 # shared memory apart from the merged dynamic buffers

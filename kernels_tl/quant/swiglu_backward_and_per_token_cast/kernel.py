@@ -287,10 +287,11 @@ def swiglu_backward_and_per_token_cast_kernel(group: int):
 
             # the first step's loads and the row's position go out first: the zeroing pass
             # below and the weight read then overlap their latency
+            first_src = T.min(T.Cast(T.int64, tid), num_chunks - 1)  # step 0's chunk (see the loop)
             pos = -1
             if row < num_rows:
-                _load_x(x, x_sf, xl, xr, sf, row, T.min(T.Cast(T.int64, tid), num_chunks - 1), hidden, group)
-                _load_g(grad_out, gw, row, T.min(T.Cast(T.int64, tid), num_chunks - 1))
+                _load_x(x, x_sf, xl, xr, sf, row, first_src, hidden, group)
+                _load_g(grad_out, gw, row, first_src)
                 pos = pos_to_token_topk[row]
 
             # weight_grad entries no row maps to: 0 (a grid-stride pass over the entries)
