@@ -39,7 +39,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
             static_cast<long long>(a.k.stride[1]));
   TKA_CHECK(T <= 1 || a.v.stride[0] % 8 == 0, "v.stride(0)", "must be a multiple of 8 (16-byte aligned rows), got %lld",
             static_cast<long long>(a.v.stride[0]));
-  // the persistent grid: blocks_per_sm blocks per SM of the device (132 for a tensor off CUDA)
+  // the persistent grid: one block per SM of the device (132 for a tensor off CUDA)
   p.sms = plan_sm_count(op, a.hidden_states.device);
   if (p.sms < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
@@ -61,7 +61,7 @@ inline void outputs(const Args& a, const Plan& p, OutSpecs& s) {
 
 inline bool needs_launch(const Plan& p) { return p.num_tokens > 0 && p.hc_mult > 0 && p.hidden > 0; }
 
-inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k) {
+inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constants&, const Outs& o, KernelArgs& k) {
   k.hidden_states = a.hidden_states.data;
   k.k = a.k.data;
   k.v = a.v.data;
@@ -72,8 +72,8 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.rstd_x = o.rstd_x.data;
   k.rstd_k = o.rstd_k.data;
   k.num_tokens = p.num_tokens;
-  // every block resident at once (kernel.py: blocks_per_sm from shared memory), each with a token
-  k.num_blocks = std::min<int64_t>(p.num_tokens, p.sms * c.blocks_per_sm);
+  // hc blocks (one per stream) per group, one block per SM, every block with a token
+  k.num_groups = std::min<int64_t>(p.num_tokens, std::max<int64_t>(1, p.sms / p.hc_mult));
   // strides of size-1 dims are free: give them an aligned value
   k.k_stride_t = p.num_tokens > 1 ? a.k.stride[0] : p.hc_mult * p.hidden;
   k.k_stride_c = p.hc_mult > 1 ? a.k.stride[1] : p.hidden;

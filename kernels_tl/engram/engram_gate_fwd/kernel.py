@@ -17,32 +17,38 @@ from a zero, then the lanes combine as an XOR butterfly (16, 8, 4, 2, 1).
 
 Design
 ------
-A persistent grid of ``num_blocks`` blocks (the host's ``min(T, SMs * blocks_per_sm)``:
-every block resident at once), ``hc`` warps per block, warp ``c`` owning stream ``c``; block
-``b`` walks the tokens ``b, b + num_blocks, b + 2 * num_blocks, ...``.  Lane ``l`` owns the
-16-byte pieces ``j * 32 + l`` of its rows (the reference's summation order) and only ever
-reads shared-memory slots it filled itself with ``cp.async``, so the warps never meet at a
-barrier and every wait is per thread.
+A persistent grid of ``hc * num_groups`` blocks (the host's ``num_groups = min(T, SMs // hc)``:
+one block per SM, every block resident at once), block ``b`` serving stream ``c = b % hc`` with
+``WARPS`` warps (as many as shared memory holds, at most 16).  The block keeps its stream's w
+(fp32, ``4 * H`` bytes) in shared memory for the whole kernel: the block's threads copy it once
+with ``cp.async`` and meet at the one barrier of the kernel, so no sum ever waits for an L2 load
+of w queued behind the SM's row copies.  Warp ``j`` of group ``g`` (``gw = j * num_groups + g``)
+walks the tokens ``gw, gw + G, gw + 2 * G, ...`` with ``G = num_groups * WARPS`` (small batches
+spread over every block first).  Lane ``l`` owns the 16-byte pieces ``j * 32 + l`` of its rows
+(the reference's summation order) and reads back only the row slots it filled itself with
+``cp.async``, so every wait on rows is per thread.
 
-Per warp, shared memory holds the x row of its stream (``2 * H`` bytes, kept for the output
+Per warp, shared memory holds the x row of its token (``2 * H`` bytes, kept for the output
 pass) and a ring of ``RING`` slots of ``CHUNK`` pieces per lane (``RING * CHUNK * 512``
 bytes).  A token is ``2 * stages`` stages of ``CHUNK`` steps (``stages = H / (256 * CHUNK)``):
-the k stages (chunk ``i`` of x from the row, of k from the ring: the three sums, w from
-global one stage ahead in registers) and then the v stages (chunk ``i`` of x and of v: the
-output).  Every stage commits one copy group: when stage ``s`` is consumed, the copy of
-stage ``s + RING`` goes into the slot it freed (k of this token, v of this token, or k of the
-block's next token), so ``RING`` stages are always in flight and a wait for "all but the
-newest ``RING - 1`` groups" finds stage ``s`` landed.  A v stage also frees its x chunk, which
-takes the next token's x chunk in the same group: the next token's whole x row is in flight
-while the output pass runs, and its first k chunks while the gate is computed.  Stage ``i`` of
-the next token's x rides in the group of stage ``i + RING - stages <= i`` (``RING <= stages``),
-so the k stage that reads it waits for it too.
+the k stages (chunk ``i`` of x from the row, of k from the ring, of w from the block's copy: the
+three sums) and then the v stages (chunk ``i`` of x and of v: the output).  Every stage commits
+one copy group: when stage ``s`` is consumed, the copy of stage ``s + RING`` goes into the slot
+it freed (k of this token, v of this token, or k of the warp's next token), so ``RING`` stages
+are always in flight and a wait for "all but the newest ``RING - 1`` groups" finds stage ``s``
+landed.  A v stage also frees its x chunk, which takes the next token's x chunk in the same
+group: the next token's whole x row is in flight while the output pass runs, and its first k
+chunks while the gate is computed.  Stage ``i`` of the next token's x rides in the group of
+stage ``i + RING - stages <= i`` (``RING <= stages``), so the k stage that reads it waits for it
+too.  The v row of a token is read by the ``hc`` blocks of its streams, one DRAM read and L2
+hits for the rest when they pass the token at about the same time (they walk the tokens in the
+same order).
 
 ``RING`` divides ``2 * stages``, so every stage's slot is static.  Shared memory is
-``hc * (2 * H + RING * CHUNK * 512)`` bytes (72 KB at hc 4, H 7168: 3 blocks, 12 warps per SM;
-each warp keeps up to 4 KB of k or v plus its x prefetch in flight).  Tokens, strides,
-``num_blocks``, eps, clamp_value and save_for_backward (``saved_rows``: T or 0) are run-time
-values; ``hc`` and ``H`` are static.  Element offsets are 64-bit.
+``4 * H + WARPS * (2 * H + RING * CHUNK * 512)`` bytes (226 KB at H 7168: 11 warps of 18 KB
+beside 28 KB of w).  Tokens, strides, ``num_groups``, eps, clamp_value and save_for_backward
+(``saved_rows``: T or 0) are run-time values; ``hc`` and ``H`` are static.  Element offsets are
+64-bit.
 """
 
 from tilelang import language as T
@@ -54,13 +60,11 @@ WARP = 32
 PIECE = 8  # bf16 elements per 16-byte access
 SPAN = WARP * PIECE  # elements of a row one warp covers per step
 RING_PIECES = 8  # 16-byte pieces per lane in the k/v ring (4 KB per warp)
-SMEM_PER_SM = 228 * 1024  # shared memory of one SM (sm_90, sm_100)
-SMEM_PER_BLOCK = 227 * 1024  # the most one block may have
-SMEM_RESERVED = 1024  # the driver's share per resident block
-MAX_WARPS_PER_SM = 16  # register file: 128 registers per thread at 16 warps
+SMEM_PER_BLOCK = 227 * 1024  # the most one block may have (one block per SM)
+MAX_WARPS = 16  # register file: 128 registers per thread at 16 warps
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
-                # shared memory is written by cp.async (unseen by TileLang) and each lane reads only
-                # the slots it filled itself: no barriers
+                # shared memory is written by cp.async (unseen by TileLang); each lane reads only
+                # the row slots it filled itself, and w after the one explicit barrier
                 "tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True,
                 # every access is in bounds (tokens < num_tokens, guarded prefetches): no guards
                 "tl.disable_safe_memory_legalize": True}
@@ -84,20 +88,15 @@ def _layout(hidden):
     return best[1]
 
 
-def _smem_bytes(hc_mult, hidden):
+def _warps(hidden):
+    """Warps per block: one block per SM, as many warps as shared memory holds beside w."""
     steps, chunk, _, ring = _layout(hidden)
-    return hc_mult * (steps + ring * chunk) * WARP * PIECE * 2
-
-
-def _blocks_per_sm(hc_mult, hidden):
-    """Resident blocks per SM: by shared memory, at most MAX_WARPS_PER_SM warps (the kernel's
-    ``__launch_bounds__`` holds ptxas to the registers this many blocks leave)."""
-    per_block = _smem_bytes(hc_mult, hidden) + SMEM_RESERVED
-    return max(1, min(SMEM_PER_SM // per_block, MAX_WARPS_PER_SM // hc_mult))
+    per_warp = (steps + ring * chunk) * WARP * PIECE * 2
+    return min(MAX_WARPS, (SMEM_PER_BLOCK - 4 * hidden) // per_warp)
 
 
 def host_constants(hc_mult, hidden):
-    return {"threads": hc_mult * WARP, "blocks_per_sm": _blocks_per_sm(hc_mult, hidden)}
+    return {"threads": _warps(hidden) * WARP}
 
 
 def _f32(value):
@@ -106,11 +105,12 @@ def _f32(value):
 
 def engram_gate_fwd_kernel(hc_mult, hidden):
     steps, chunk, stages, ring = _layout(hidden)
-    assert _smem_bytes(hc_mult, hidden) <= SMEM_PER_BLOCK, "a block's rows must fit in shared memory"
+    warps = _warps(hidden)
+    assert warps >= 1, "a warp's rows and w must fit in shared memory"
     assert ring <= cp_async.MAX_GROUPS
     pieces = hidden // PIECE
-    threads = hc_mult * WARP
-    blocks_per_sm = _blocks_per_sm(hc_mult, hidden)
+    threads = warps * WARP
+    w_copies = -(-2 * pieces // threads)  # 16-byte halves of w per thread
     num_tokens = T.dynamic("num_tokens", "int64")
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
     k_stride_c = T.dynamic("k_stride_c", "int64")
@@ -132,30 +132,32 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
-        num_blocks: T.int32,  # 1 <= num_blocks <= num_tokens (host)
+        num_groups: T.int32,  # blocks per stream, 1 <= num_groups <= num_tokens (host)
     ):
-        with T.Kernel(num_blocks, threads=threads) as bid:
+        with T.Kernel(num_groups * hc_mult, threads=threads) as bid:
             wait_for_previous_grid()  # programmatic dependent launch
-            # the persistent grid assumes blocks_per_sm resident blocks: registers to match
-            T.annotate_min_blocks_per_sm(blocks_per_sm)
             T.import_source(cp_async.DEVICE_SOURCE)
             # rows start on 16-byte boundaries (checked by the host): each piece is one access
             T.assume(k_stride_t % PIECE == 0)
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
-            T.assume(num_blocks > 0)
+            T.assume(num_groups > 0)
             tid = T.get_thread_binding()
-            c = tid // WARP
+            c = bid % hc_mult
+            warp = tid // WARP
             lane = tid % WARP
-            b = T.Cast("int64", bid)
+            # this warp's first token (the first warps of every block take the first tokens)
+            gw = T.Cast("int64", warp) * num_groups + bid // hc_mult
+            walk = T.Cast("int64", num_groups) * warps  # token step of every warp
 
-            x_s = T.alloc_shared((hc_mult, steps, WARP, PIECE), T.bfloat16)
-            ring_s = T.alloc_shared((hc_mult, ring, chunk, WARP, PIECE), T.bfloat16)  # k, then v
+            w_s = T.alloc_shared((pieces, PIECE), T.float32)  # stream c's w
+            x_s = T.alloc_shared((warps, steps, WARP, PIECE), T.bfloat16)
+            ring_s = T.alloc_shared((warps, ring, chunk, WARP, PIECE), T.bfloat16)  # k, then v
             xv = T.alloc_local((PIECE,), T.bfloat16)
             kv = T.alloc_local((PIECE,), T.bfloat16)
             vv = T.alloc_local((PIECE,), T.bfloat16)
             ov = T.alloc_local((PIECE,), T.bfloat16)
-            wv = T.alloc_local((2, chunk, PIECE), T.float32)  # w of this k stage and the next
+            wv = T.alloc_local((PIECE,), T.float32)
             acc_d = T.alloc_var(T.float32)
             acc_x = T.alloc_var(T.float32)
             acc_k = T.alloc_var(T.float32)
@@ -163,62 +165,66 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
             z = T.alloc_var(T.float32)
             a = T.alloc_var(T.float32)
 
-            # tokens b, b + num_blocks, ...: at least one (num_blocks <= num_tokens)
-            blocks = T.Cast("int64", num_blocks)
-            count = T.ceildiv(num_tokens - b, blocks)
+            # tokens gw, gw + walk, ...: none for the warps past the token count
+            count = T.if_then_else(gw < num_tokens, T.ceildiv(num_tokens - gw, walk), T.int64(0))
 
+            # ---- w of the stream, copied by the whole block (its own group, the oldest)
+            for u in T.unroll(w_copies):
+                h = u * threads + tid  # the 16-byte half h % 2 of piece h // 2
+                if h < 2 * pieces:
+                    T.evaluate(cp_async.copy16(w_s[h // 2, h % 2 * 4], weight_fused[c, h // 2, h % 2 * 4]))
+            cp_async.commit()
             # ---- the first token in flight: its whole x row and its first `ring` k stages
             # (group r < ring holds k stage r; the last one also x chunks ring-1 .. stages-1)
-            for i in T.unroll(stages):
-                for q in T.unroll(chunk):
-                    p = (i * chunk + q) * WARP + lane
-                    T.evaluate(cp_async.copy16(x_s[c, i * chunk + q, lane, 0], hidden_states[b, c, p, 0]))
-                if i < ring:
+            if count > 0:
+                for i in T.unroll(stages):
                     for q in T.unroll(chunk):
                         p = (i * chunk + q) * WARP + lane
-                        T.evaluate(cp_async.copy16(ring_s[c, i, q, lane, 0], k[b, c, p, 0]))
-                if i < ring - 1 or i == stages - 1:
-                    cp_async.commit()
-            # w of k stage 0 (w does not depend on the token)
-            for q in T.unroll(chunk):
-                for e in T.vectorized(PIECE):
-                    wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
+                        T.evaluate(cp_async.copy16(x_s[warp, i * chunk + q, lane, 0], hidden_states[gw, c, p, 0]))
+                    if i < ring:
+                        for q in T.unroll(chunk):
+                            p = (i * chunk + q) * WARP + lane
+                            T.evaluate(cp_async.copy16(ring_s[warp, i, q, lane, 0], k[gw, c, p, 0]))
+                    if i < ring - 1 or i == stages - 1:
+                        cp_async.commit()
+                cp_async.wait(ring)  # the w group (older than the ring's)
+            else:
+                cp_async.wait(0)
+            T.sync_threads()  # every thread's part of w landed: all of it visible to the block
 
             for it in T.serial(count):
-                t = b + it * blocks
+                t = gw + it * walk
                 has_next = it + 1 < count
-                tn = t + blocks
+                tn = t + walk
 
                 acc_d = T.float32(0)
                 acc_x = T.float32(0)
                 acc_k = T.float32(0)
                 # ---- k stages: the three sums in the reference's order
                 for i in T.unroll(stages):
-                    if i + 1 < stages:  # w of the next k stage, in flight during this one
-                        for q in T.unroll(chunk):
-                            for e in T.vectorized(PIECE):
-                                wv[(i + 1) % 2, q, e] = weight_fused[c, ((i + 1) * chunk + q) * WARP + lane, e]
                     cp_async.wait(ring - 1)  # this stage's group (and every older one) landed
                     for q in T.unroll(chunk):
                         for e in T.vectorized(PIECE):
-                            xv[e] = x_s[c, i * chunk + q, lane, e]
+                            xv[e] = x_s[warp, i * chunk + q, lane, e]
                         for e in T.vectorized(PIECE):
-                            kv[e] = ring_s[c, i % ring, q, lane, e]
+                            kv[e] = ring_s[warp, i % ring, q, lane, e]
+                        for e in T.vectorized(PIECE):
+                            wv[e] = w_s[(i * chunk + q) * WARP + lane, e]
                         for e in T.unroll(PIECE):
                             xf = _f32(xv[e])
                             kf = _f32(kv[e])
-                            acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[i % 2, q, e]), kf)
+                            acc_d = acc_d + T.ieee_mul(T.ieee_mul(xf, wv[e]), kf)
                             acc_x = acc_x + T.ieee_mul(xf, xf)
                             acc_k = acc_k + T.ieee_mul(kf, kf)
                     # the freed slot takes stage i + ring: a later k stage or a v stage of this token
                     if i + ring < stages:
                         for q in T.unroll(chunk):
                             p = ((i + ring) * chunk + q) * WARP + lane
-                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], k[t, c, p, 0]))
+                            T.evaluate(cp_async.copy16(ring_s[warp, i % ring, q, lane, 0], k[t, c, p, 0]))
                     else:
                         for q in T.unroll(chunk):
                             p = ((i + ring - stages) * chunk + q) * WARP + lane
-                            T.evaluate(cp_async.copy16(ring_s[c, i % ring, q, lane, 0], v[t, p, 0]))
+                            T.evaluate(cp_async.copy16(ring_s[warp, i % ring, q, lane, 0], v[t, p, 0]))
                     cp_async.commit()
                 for s in T.unroll(5):
                     acc_d = acc_d + T.shfl_xor(acc_d, 16 >> s)
@@ -239,10 +245,6 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                         gate_score[t, c] = gate
                         rstd_x[t, c] = r_x
                         rstd_k[t, c] = r_k
-                # w of the next token's k stage 0, in flight during the output pass
-                for q in T.unroll(chunk):
-                    for e in T.vectorized(PIECE):
-                        wv[0, q, e] = weight_fused[c, q * WARP + lane, e]
 
                 # ---- v stages: out = x + gate * v
                 for m in T.unroll(stages):
@@ -250,9 +252,9 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                     for q in T.unroll(chunk):
                         p = (m * chunk + q) * WARP + lane
                         for e in T.vectorized(PIECE):
-                            xv[e] = x_s[c, m * chunk + q, lane, e]
+                            xv[e] = x_s[warp, m * chunk + q, lane, e]
                         for e in T.vectorized(PIECE):
-                            vv[e] = ring_s[c, (stages + m) % ring, q, lane, e]
+                            vv[e] = ring_s[warp, (stages + m) % ring, q, lane, e]
                         for e in T.unroll(PIECE):
                             ov[e] = T.cast(T.ieee_add(_f32(xv[e]), T.ieee_mul(gate, _f32(vv[e]))), T.bfloat16)
                         for e in T.vectorized(PIECE):
@@ -262,16 +264,16 @@ def engram_gate_fwd_kernel(hc_mult, hidden):
                     if m + ring < stages:
                         for q in T.unroll(chunk):
                             p = ((m + ring) * chunk + q) * WARP + lane
-                            T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0], v[t, p, 0]))
+                            T.evaluate(cp_async.copy16(ring_s[warp, (stages + m) % ring, q, lane, 0], v[t, p, 0]))
                     if has_next:
                         if m + ring >= stages:
                             for q in T.unroll(chunk):
                                 p = ((m + ring - stages) * chunk + q) * WARP + lane
-                                T.evaluate(cp_async.copy16(ring_s[c, (stages + m) % ring, q, lane, 0],
+                                T.evaluate(cp_async.copy16(ring_s[warp, (stages + m) % ring, q, lane, 0],
                                                            k[tn, c, p, 0]))
                         for q in T.unroll(chunk):
                             p = (m * chunk + q) * WARP + lane
-                            T.evaluate(cp_async.copy16(x_s[c, m * chunk + q, lane, 0], hidden_states[tn, c, p, 0]))
+                            T.evaluate(cp_async.copy16(x_s[warp, m * chunk + q, lane, 0], hidden_states[tn, c, p, 0]))
                     cp_async.commit()
 
     return engram_gate_fwd
