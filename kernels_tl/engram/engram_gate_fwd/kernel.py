@@ -46,7 +46,9 @@ same order).
 
 ``RING`` divides ``2 * stages``, so every stage's slot is static.  Shared memory is
 ``4 * H + WARPS * (2 * H + RING * CHUNK * 512)`` bytes (226 KB at H 7168: 11 warps of 18 KB
-beside 28 KB of w).  Tokens, strides, ``num_groups``, eps, clamp_value and save_for_backward
+beside 28 KB of w).  ``_layout`` takes the largest ring (up to ``RING_PIECES`` pieces per lane),
+then the largest chunk: CHUNK 4, RING 2 (2 KB stages) at every table H but 2560 (CHUNK 1,
+RING 5).  Tokens, strides, ``num_groups``, eps, clamp_value and save_for_backward
 (``saved_rows``: T or 0) are run-time values; ``hc`` and ``H`` are static.  Element offsets are
 64-bit.
 """
@@ -77,7 +79,7 @@ def _layout(hidden):
     assert hidden % SPAN == 0, "hidden must be a multiple of 256"
     steps = hidden // SPAN
     best = None
-    for chunk in (1, 2):
+    for chunk in (1, 2, 4):
         if steps % chunk:
             continue
         stages = steps // chunk
