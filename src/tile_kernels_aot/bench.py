@@ -309,13 +309,37 @@ def bench_op(record, sample, copy_tbs):
     return row, calls, (args, inputs, kwargs)
 
 
+def _tilekernels_norm_fn_bwd_mul(out_mul_grad, sqrsum_grad, residual, mhc_fn, x_grad=None):
+    """What TileKernels' ``MHCPreNormFn.backward`` runs for our ``mhc.mhc_pre_norm_fn_bwd_mul``:
+    its ``_mhc_pre_norm_fn_bwd_mul`` kernel (TF32 tensor cores), which adds into ``x_grad`` (a
+    zero one when none is given, as that backward allocates without fused accumulation) and
+    writes ``fn_grad``."""
+    from tile_kernels.mhc.norm_fn_kernel import _mhc_pre_norm_fn_bwd_mul
+
+    m3, k = mhc_fn.shape
+    x = residual.reshape(-1, k)
+    x_grad = torch.zeros_like(x) if x_grad is None else x_grad.view(-1, k)
+    fn_grad = torch.empty_like(mhc_fn)
+    _mhc_pre_norm_fn_bwd_mul(m3, 1, k)(out_mul_grad.view(-1, 1, m3), sqrsum_grad.view(-1, 1), x, mhc_fn, x_grad,
+                                       fn_grad)
+    return x_grad, fn_grad
+
+
+# ops whose TileKernels counterpart is a kernel without a public function (run inside one of
+# its autograd Functions): the call that runs it on our op's arguments
+_UPSTREAM_KERNELS = {"mhc.mhc_pre_norm_fn_bwd_mul": _tilekernels_norm_fn_bwd_mul}
+
+
 def upstream_function(op: str):
     """TileKernels' function for our op ``module.name``: at the same path under ``tile_kernels``,
     or, for a family whose package exports no functions (mHC), in a module of
-    ``tile_kernels.modeling.<family>.ops`` or of ``tile_kernels.<family>`` that defines it."""
+    ``tile_kernels.modeling.<family>.ops`` or of ``tile_kernels.<family>`` that defines it, or
+    the call of its kernel in ``_UPSTREAM_KERNELS``."""
     import importlib
     import pkgutil
 
+    if op in _UPSTREAM_KERNELS:
+        return _UPSTREAM_KERNELS[op]
     module, name = op.split(".")
     family = importlib.import_module(f"tile_kernels.{module}")
     if callable(getattr(family, name, None)):
