@@ -325,9 +325,118 @@ def _tilekernels_norm_fn_bwd_mul(out_mul_grad, sqrsum_grad, residual, mhc_fn, x_
     return x_grad, fn_grad
 
 
+def _tilekernels_expand_to_mhc_bwd(out_grad):
+    """What TileKernels' ``ExpandToMHCFn.backward`` runs for our ``mhc.expand_to_mhc_bwd``: its
+    ``expand_to_mhc_bwd_tl`` kernel, summing the stream gradients into a new ``hidden_grad``."""
+    from tile_kernels.mhc.expand_kernel import expand_to_mhc_bwd_tl
+
+    mhc_mult, hidden = out_grad.shape[-2:]
+    out_grad = out_grad.flatten(0, -3)
+    hidden_grad = out_grad.new_empty(out_grad.shape[0], hidden)
+    expand_to_mhc_bwd_tl(hidden, mhc_mult)(out_grad, hidden_grad)
+    return hidden_grad
+
+
+def _tilekernels_head_compute_mix_bwd(output_mix_grad, input_mix, mhc_scale, mhc_base):
+    """What TileKernels' ``MHCHeadComputeMix.backward`` runs for our ``mhc.mhc_head_compute_mix_bwd``:
+    its ``_mhc_head_compute_mix_bwd`` kernel (one block per SM, per-SM partial scale and base
+    gradients), then the sums of the partials over the SMs."""
+    from tile_kernels.config import get_num_sms
+    from tile_kernels.mhc.head_compute_mix_kernel import _mhc_head_compute_mix_bwd
+
+    # the flat views: upstream_args gives the token-leading tensors a leading 1, and, at one
+    # token, the [1] scale too
+    mhc_mult = input_mix.shape[-1]
+    input_mix = input_mix.view(-1, mhc_mult)
+    mhc_scale, mhc_base = mhc_scale.view(-1), mhc_base.view(-1)
+    num_sms = get_num_sms()
+    input_mix_grad = torch.empty_like(input_mix)
+    mhc_scale_grad_partial = torch.empty(num_sms, *mhc_scale.shape, dtype=mhc_scale.dtype, device=mhc_scale.device)
+    mhc_base_grad_partial = torch.empty(num_sms, *mhc_base.shape, dtype=mhc_base.dtype, device=mhc_base.device)
+    _mhc_head_compute_mix_bwd(mhc_mult, token_block_size=32, num_sms=num_sms)(
+        output_mix_grad.view(-1, mhc_mult), input_mix, mhc_scale, mhc_base, input_mix_grad,
+        mhc_scale_grad_partial, mhc_base_grad_partial)
+    return input_mix_grad, mhc_scale_grad_partial.sum(0), mhc_base_grad_partial.sum(0)
+
+
+def _tilekernels_pre_apply_mix_bwd(o_grad, x, mix, x_grad=None):
+    """What TileKernels' ``MHCPreApplyMix.backward`` runs for our ``mhc.mhc_pre_apply_mix_bwd``: its
+    ``_mhc_pre_apply_mix_bwd`` kernel, which adds into ``x_grad`` (in place: the fused accumulation's
+    buffer; a zero one when none is given, as that backward allocates without it) and allocates
+    ``mix_grad``."""
+    from tile_kernels.mhc.pre_apply_mix_kernel import _mhc_pre_apply_mix_bwd
+
+    mhc_mult, hidden = x.shape[-2:]
+    x = x.view(-1, mhc_mult, hidden)
+    x_grad = torch.zeros_like(x) if x_grad is None else x_grad.view(-1, mhc_mult, hidden)
+    mix_grad = _mhc_pre_apply_mix_bwd(mhc_mult, hidden)(o_grad.view(-1, hidden), x,
+                                                         mix.view(-1, mhc_mult), x_grad)
+    return x_grad, mix_grad.view(-1, mhc_mult, 1)
+
+
+def _tilekernels_saved_post_layer_mix(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value):
+    """The ``post_layer_mix`` that TileKernels' ``MHCPreSplitMixes.forward`` saves for its backward
+    (``sigmoid(input_mixes[:, M:2M] * mhc_scale[1] + mhc_base[M:2M]) * mhc_post_mult_value``, [N, M]),
+    which our op recomputes and does not receive.  Computed on the first call with an input tensor
+    and kept on that tensor object (the bench passes the same objects on every call), so that the
+    timed calls run only what the backward runs."""
+    key = (mhc_scale.data_ptr(), mhc_base.data_ptr(), mhc_mult, mhc_post_mult_value)
+    saved = getattr(input_mixes, "_tilekernels_post_layer_mix", None)
+    if saved is None or saved[0] != key:
+        mixes = input_mixes.view(-1, input_mixes.shape[-1])
+        z = mixes[:, mhc_mult:2 * mhc_mult] * mhc_scale.view(-1)[1] + mhc_base.view(-1)[mhc_mult:2 * mhc_mult]
+        saved = key, torch.sigmoid(z) * mhc_post_mult_value
+        input_mixes._tilekernels_post_layer_mix = saved
+    return saved[1]
+
+
+def _tilekernels_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes,
+                                     mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value):
+    """What TileKernels' ``MHCPreSplitMixes.backward`` runs for our ``mhc.mhc_pre_split_mixes_bwd``:
+    its ``_mhc_pre_split_mixes_bwd`` kernel (one block per SM, reading the forward's saved
+    ``post_layer_mix``), then the sums of the per-SM partial scale and base gradients."""
+    from tile_kernels.config import get_num_sms
+    from tile_kernels.mhc.pre_split_mixes_kernel import _mhc_pre_split_mixes_bwd
+
+    post_layer_mix = _tilekernels_saved_post_layer_mix(input_mixes, mhc_scale, mhc_base, mhc_mult,
+                                                       mhc_post_mult_value)
+    input_mixes = input_mixes.view(-1, input_mixes.shape[-1])
+    mhc_scale, mhc_base = mhc_scale.view(-1), mhc_base.view(-1)
+    num_tokens, num_sms = input_mixes.shape[0], get_num_sms()
+    input_mixes_grad = torch.empty_like(input_mixes)
+    mhc_scale_grad_partial = torch.empty(num_sms, *mhc_scale.shape, dtype=mhc_scale.dtype, device=mhc_scale.device)
+    mhc_base_grad_partial = torch.empty(num_sms, *mhc_base.shape, dtype=mhc_base.dtype, device=mhc_base.device)
+    _mhc_pre_split_mixes_bwd(mhc_mult, mhc_post_mult_value, token_block_size=32, num_sms=num_sms)(
+        pre_layer_mix_grad.view(num_tokens, mhc_mult), post_layer_mix_grad.view(num_tokens, mhc_mult),
+        comb_res_mix_grad.view(num_tokens, mhc_mult * mhc_mult), input_mixes, post_layer_mix, mhc_scale, mhc_base,
+        input_mixes_grad, mhc_scale_grad_partial, mhc_base_grad_partial)
+    return input_mixes_grad, mhc_scale_grad_partial.sum(0), mhc_base_grad_partial.sum(0)
+
+
+def _tilekernels_sinkhorn_normalize_bwd(grad_output, x, repeat=10, eps=1e-6):
+    """What TileKernels' ``_SinkhornNormalize.backward`` runs for our ``mhc.sinkhorn_normalize_bwd``:
+    its ``_mhc_sinkhorn_bwd`` kernel (32 tokens a block; repeat and eps fixed at its build, taken
+    from our arguments) into a new ``grad_input``."""
+    from tile_kernels.mhc.sinkhorn_kernel import _mhc_sinkhorn_bwd
+
+    n = x.shape[-1]
+    x = x.view(-1, n, n)
+    grad_input = torch.empty_like(x)
+    _mhc_sinkhorn_bwd(n, 32, repeat, eps)(grad_output.view(-1, n, n), x, grad_input)
+    return grad_input
+
+
 # ops whose TileKernels counterpart is a kernel without a public function (run inside one of
-# its autograd Functions): the call that runs it on our op's arguments
-_UPSTREAM_KERNELS = {"mhc.mhc_pre_norm_fn_bwd_mul": _tilekernels_norm_fn_bwd_mul}
+# its autograd Functions): the call that runs it on our op's arguments.  (mhc.mhc_post_bwd needs
+# none: tile_kernels.modeling.mhc.ops.post exports TileKernels' mhc_post_bwd.)
+_UPSTREAM_KERNELS = {
+    "mhc.expand_to_mhc_bwd": _tilekernels_expand_to_mhc_bwd,
+    "mhc.mhc_head_compute_mix_bwd": _tilekernels_head_compute_mix_bwd,
+    "mhc.mhc_pre_apply_mix_bwd": _tilekernels_pre_apply_mix_bwd,
+    "mhc.mhc_pre_norm_fn_bwd_mul": _tilekernels_norm_fn_bwd_mul,
+    "mhc.mhc_pre_split_mixes_bwd": _tilekernels_pre_split_mixes_bwd,
+    "mhc.sinkhorn_normalize_bwd": _tilekernels_sinkhorn_normalize_bwd,
+}
 
 
 def upstream_function(op: str):

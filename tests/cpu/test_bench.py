@@ -103,3 +103,22 @@ def test_upstream_arguments():
     assert args[0] is x and kwargs == {"x_block_size": (128, 128)}
     args, kwargs = bench.upstream_args("mhc.sinkhorn_normalize", [x, torch.zeros(3, 4)], {"repeat": 10}, 4)
     assert args[0].shape == (1, 4, 8) and args[1].shape == (3, 4) and kwargs == {"repeat": 10}
+
+
+def test_tilekernels_kernel_calls_take_the_ops_parameters():
+    """Each ``_UPSTREAM_KERNELS`` call is handed our op's arguments (by position, or by name when
+    a sample gives keywords): its parameters are the op's, in order, with the same defaults."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    from kernels_tl.schema import REQUIRED
+
+    ops = {}
+    for path in sorted(Path(__file__).resolve().parents[2].glob("kernels_tl/*/*/schema.py")):
+        schema = importlib.import_module(".".join(path.with_suffix("").parts[-4:])).SCHEMA
+        ops.update({f"{op.module}.{op.name}": op for op in schema.ops})
+    for name, call in bench._UPSTREAM_KERNELS.items():
+        params = [(p.name, p.default) for p in inspect.signature(call).parameters.values()]
+        want = [(p.name, inspect.Parameter.empty if p.default is REQUIRED else p.default) for p in ops[name].params]
+        assert params == want, name
