@@ -12,28 +12,206 @@ inputs ``input_mixes`` fp32 [num_tokens, M3], ``mhc_scale`` [3], ``mhc_base`` [M
     mhc_base_grad[j] = sum_t g_z[t, j];   S[j] = sum_t g_z[t, j] * input_mixes[t, j]
     mhc_scale_grad[k] = S[first of group k] + ... (left to right over the group's mixes)
 
-with the sums over tokens in ``tile_kernels_aot.torch.mhc._token_sum``'s order.
+with the sums over tokens in ``tile_kernels_aot.torch.mhc._token_sum``'s order: lane ``l`` of
+``LANES`` adds tokens ``l, l + LANES, ...`` in order from zero, then a pairwise tree over the
+lanes, neighbours first.  Two kernels (the static key ``path``; the host picks by the token
+count): ``"cluster"`` for at most ``LANES`` tokens (one launch), ``"blocks"`` above (two).
 
-Design
-------
-As ``mhc_head_compute_mix_bwd``: one cluster of ``CLUSTER`` blocks of ``THREADS``
-threads, a thread per lane of ``_token_sum`` with ``2 * M3`` running sums in registers
-(48 for M = 4), the fixed lane tree through shuffles, shared and distributed shared
-memory (``kernels_tl/mhc/mix_math.py``), rank 0 writing the small gradients.  ``M`` is
-static; the token count dynamic (offsets 64-bit); zero tokens launch and write zeros.
+``path="cluster"``
+------------------
+As ``mhc_head_compute_mix_bwd``: one cluster of ``CLUSTER`` blocks of ``mix_math.THREADS``
+threads, a thread per lane with ``2 * M3`` running sums in registers (48 for M = 4), the fixed
+lane tree through shuffles, shared and distributed shared memory (``kernels_tl/mhc/mix_math.py``),
+rank 0 writing the small gradients.  Eight SMs: a round of lanes (``LANES`` tokens) per pass.
+
+``path="blocks"``
+-----------------
+Every value is elementwise in ``(token, mix)``, so the work is spread over the elements, not
+over tokens: ``BLOCKS`` blocks of ``THREADS`` threads, block ``b`` owning the
+``LANES_PER_BLOCK`` lanes ``[b * LANES_PER_BLOCK, ...)``, i.e. in every round ``r`` (tokens
+``r * LANES .. + LANES - 1``) the contiguous slice of ``LANES_PER_BLOCK * M3`` elements of
+tokens ``r * LANES + b * LANES_PER_BLOCK + ...``: thread ``t`` takes the slice's elements
+``t, t + THREADS, ...`` (``per_thread`` of them), the same (lane, mix) pairs in every round, so
+its running sums follow the lane's token order.  Loads and stores are contiguous across the
+block.  ``in_flight`` rounds are loaded before the first of them is used.
+
+The kernel is launched twice per call (the ``phase`` argument):
+
+- phase 0: each block walks the rounds, writes ``input_mixes_grad`` and keeps per element two
+  running sums (``g_z`` and ``g_z * input_mixes``); the block's ``LANES_PER_BLOCK`` lanes are a
+  whole subtree of the lane tree, which the block sums in shared memory and writes as its
+  ``2 * M3`` partials to ``scratch[b]``;
+- phase 1 (it waits for phase 0 at its first instruction: the programmatic-dependent-launch
+  wait returns once the previous grid has completed): block 0 reads the ``BLOCKS`` partials
+  and finishes the tree level by level in shared memory (neighbours first), then writes the
+  base gradient and each group's scale gradient.  The other blocks exit.
+
+Both: no atomics and no zeroed memory (every element of the scratch is written by phase 0);
+zero tokens still launch and write zero gradients.  Every product and sum is an explicit IEEE
+operation, so nvcc cannot contract them into FMAs.  ``M`` is static; the token count dynamic
+(offsets 64-bit).
 """
 
+
 from tilelang import language as T
-from tilelang.cuda.language import block_rank_in_cluster
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
-from kernels_tl.mhc.mix_math import (CLUSTER, CLUSTER_LOAD_SOURCE, LANES, THREADS, WARPS, cluster_token_sum,
-                                      sigmoid)
+from tilelang.cuda.language import block_rank_in_cluster
 
+from kernels_tl.mhc import mix_math
+from kernels_tl.mhc.mix_math import CLUSTER, CLUSTER_LOAD_SOURCE, LANES, cluster_token_sum, pair_tree, sigmoid
+
+PATHS = ("cluster", "blocks")
+
+LANES_PER_BLOCK = 16  # a subtree of the lane tree per block (16 tokens of a round: 1.5 KB of mixes at M 4)
+BLOCKS = LANES // LANES_PER_BLOCK  # 128: one wave on the H200's 132 SMs
+THREADS = 128  # 3 elements per thread at M 4 (16 x 24 = 384 per round)
+LOADS_IN_FLIGHT = 12  # elements a thread loads before using any (rounds in flight = this / per_thread)
+TREE_LEVELS = BLOCKS.bit_length() - 1  # phase 1: levels of the tree over the blocks' partials
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
-def mhc_pre_split_mixes_bwd_kernel(mhc_mult):
+def host_constants(mhc_mult, path):
+    return {"blocks": BLOCKS, "cluster_tokens": LANES}
+
+
+@T.macro
+def _write_small_grads(sums, m, tid, mhc_scale_grad, mhc_base_grad):
+    """From the totals ``sums[0:M3]`` (g_z) and ``sums[M3:2 M3]`` (g_z * input_mixes), in
+    shared memory: the base gradient, and group ``tid``'s scale gradient, its mixes left to
+    right."""
+    m3 = m * (m + 2)
+    if tid < m3:
+        mhc_base_grad[tid] = sums[tid]
+    if tid < 3:
+        first = T.if_then_else(tid == 0, 0, T.if_then_else(tid == 1, m, 2 * m))
+        size = T.if_then_else(tid == 2, m * m, m)
+        total = T.alloc_var(T.float32)
+        total = sums[m3 + first]
+        for j in T.serial(1, size):
+            total = T.ieee_add(total, sums[m3 + first + j])
+        mhc_scale_grad[tid] = total
+
+
+def mhc_pre_split_mixes_bwd_kernel(mhc_mult, path):
+    if path not in PATHS:
+        raise ValueError(f"mhc.mhc_pre_split_mixes_bwd: path must be one of {PATHS}, got {path!r}")
+    return _cluster_kernel(mhc_mult) if path == "cluster" else _blocks_kernel(mhc_mult)
+
+
+def _blocks_kernel(mhc_mult):
+    assert BLOCKS * LANES_PER_BLOCK == LANES and (1 << TREE_LEVELS) == BLOCKS
+    m = mhc_mult
+    mm = m * m
+    m3 = 2 * m + mm
+    slice_elems = LANES_PER_BLOCK * m3  # a block's elements of one round
+    per_thread = -(-slice_elems // THREADS)
+    in_flight = max(1, LOADS_IN_FLIGHT // per_thread)  # rounds loaded ahead of use
+    partials = 2 * m3  # per block: the g_z sums, then the g_z * input_mixes sums
+    num_tokens = T.dynamic("num_tokens", "int64")
+
+    @T.prim_func
+    def mhc_pre_split_mixes_bwd(
+        pre_layer_mix_grad: T.Tensor[(num_tokens, m), T.float32],
+        post_layer_mix_grad: T.Tensor[(num_tokens, m), T.float32],
+        comb_res_mix_grad: T.Tensor[(num_tokens, mm), T.float32],
+        input_mixes: T.Tensor[(num_tokens, m3), T.float32],
+        mhc_scale: T.Tensor[(3,), T.float32],
+        mhc_base: T.Tensor[(m3,), T.float32],
+        input_mixes_grad: T.Tensor[(num_tokens, m3), T.float32],
+        mhc_scale_grad: T.Tensor[(3,), T.float32],
+        mhc_base_grad: T.Tensor[(m3,), T.float32],
+        scratch: T.Tensor[(BLOCKS * partials,), T.float32],
+        mhc_post_mult_value: T.float32,
+        phase: T.int32,
+    ):
+        with T.Kernel(BLOCKS, threads=THREADS) as bid:
+            wait_for_previous_grid()  # programmatic dependent launch: phase 1 waits for phase 0 here
+            tid = T.get_thread_binding()
+            lane_sums = T.alloc_shared((2 * slice_elems,), T.float32)  # phase 0: [kind][lane][mix]
+            tree = T.alloc_shared((BLOCKS * partials,), T.float32)  # phase 1: [block][partial]
+            acc = T.alloc_local((2 * per_thread,), T.float32)  # [e]: g_z; [per_thread + e]: g_z * mix
+            mix = T.alloc_local((in_flight * per_thread,), T.float32)
+            grad = T.alloc_local((in_flight * per_thread,), T.float32)
+            col = T.alloc_local((per_thread,), T.int32)  # the element's mix j
+            row = T.alloc_local((per_thread,), T.int64)  # its lane's token in round 0
+            scale = T.alloc_local((per_thread,), T.float32)  # scale[group of j]
+            base = T.alloc_local((per_thread,), T.float32)
+            sg = T.alloc_var(T.float32)
+            gz = T.alloc_var(T.float32)
+            if phase == 0:
+                for e in T.unroll(per_thread):
+                    acc[e] = T.float32(0)
+                    acc[per_thread + e] = T.float32(0)
+                    col[e] = (tid + e * THREADS) % m3
+                    row[e] = T.Cast("int64", bid * LANES_PER_BLOCK + (tid + e * THREADS) // m3)
+                    scale[e] = T.float32(0)
+                    base[e] = T.float32(0)
+                    if tid + e * THREADS < slice_elems:
+                        scale[e] = mhc_scale[T.if_then_else(col[e] < m, 0, T.if_then_else(col[e] < 2 * m, 1, 2))]
+                        base[e] = mhc_base[col[e]]
+                for rb in T.serial(T.ceildiv(T.ceildiv(num_tokens, LANES), in_flight)):
+                    # every load of `in_flight` rounds before the first use
+                    for u in T.unroll(in_flight):
+                        for e in T.unroll(per_thread):
+                            t = row[e] + T.Cast("int64", rb * in_flight + u) * LANES
+                            if tid + e * THREADS < slice_elems and t < num_tokens:
+                                mix[u * per_thread + e] = input_mixes[t, col[e]]
+                                if col[e] < m:
+                                    grad[u * per_thread + e] = pre_layer_mix_grad[t, col[e]]
+                                elif col[e] < 2 * m:
+                                    grad[u * per_thread + e] = post_layer_mix_grad[t, col[e] - m]
+                                else:
+                                    grad[u * per_thread + e] = comb_res_mix_grad[t, col[e] - 2 * m]
+                    for u in T.unroll(in_flight):
+                        for e in T.unroll(per_thread):
+                            t = row[e] + T.Cast("int64", rb * in_flight + u) * LANES
+                            if tid + e * THREADS < slice_elems and t < num_tokens:
+                                # sigmoid for every element (no divergence); the comb mixes keep g
+                                sg = sigmoid(T.ieee_add(T.ieee_mul(mix[u * per_thread + e], scale[e]), base[e]))
+                                gz = T.if_then_else(col[e] < m, grad[u * per_thread + e],
+                                                    T.ieee_mul(grad[u * per_thread + e], mhc_post_mult_value))
+                                gz = T.if_then_else(col[e] < 2 * m,
+                                                    T.ieee_mul(T.ieee_mul(gz, T.ieee_sub(T.float32(1), sg)), sg),
+                                                    grad[u * per_thread + e])
+                                input_mixes_grad[t, col[e]] = T.ieee_mul(gz, scale[e])
+                                acc[e] = T.ieee_add(acc[e], gz)
+                                acc[per_thread + e] = T.ieee_add(acc[per_thread + e],
+                                                                 T.ieee_mul(gz, mix[u * per_thread + e]))
+                # the block's lanes: a subtree of the lane tree, summed per (kind, mix)
+                for e in T.unroll(per_thread):
+                    if tid + e * THREADS < slice_elems:
+                        lane_sums[tid + e * THREADS] = acc[e]
+                        lane_sums[slice_elems + tid + e * THREADS] = acc[per_thread + e]
+                T.sync_threads()
+                for c in T.serial(T.ceildiv(partials, THREADS)):
+                    if c * THREADS + tid < partials:
+                        # partial p: kind p // m3, mix p % m3
+                        scratch[bid * partials + c * THREADS + tid] = pair_tree(
+                            [lane_sums[((c * THREADS + tid) // m3) * slice_elems + lane * m3 + (c * THREADS + tid) % m3]
+                             for lane in range(LANES_PER_BLOCK)])
+            elif bid == 0:
+                for i in T.serial(T.ceildiv(BLOCKS * partials, THREADS)):
+                    if i * THREADS + tid < BLOCKS * partials:
+                        tree[i * THREADS + tid] = scratch[i * THREADS + tid]
+                T.sync_threads()
+                # level k: node 2j (blocks [2j * 2^k, ...)) += node 2j + 1, kept at block 2j * 2^k
+                for k in T.unroll(TREE_LEVELS):
+                    for i in T.serial(T.ceildiv((BLOCKS >> (k + 1)) * partials, THREADS)):
+                        if i * THREADS + tid < (BLOCKS >> (k + 1)) * partials:
+                            tree[((i * THREADS + tid) // partials) * (2 << k) * partials + (i * THREADS + tid) % partials] = \
+                                T.ieee_add(
+                                    tree[((i * THREADS + tid) // partials) * (2 << k) * partials
+                                         + (i * THREADS + tid) % partials],
+                                    tree[(((i * THREADS + tid) // partials) * (2 << k) + (1 << k)) * partials
+                                         + (i * THREADS + tid) % partials])
+                    T.sync_threads()
+                _write_small_grads(tree, m, tid, mhc_scale_grad, mhc_base_grad)
+
+    return mhc_pre_split_mixes_bwd
+
+
+def _cluster_kernel(mhc_mult):
     m = mhc_mult
     mm = m * m
     m3 = 2 * m + mm
@@ -52,25 +230,24 @@ def mhc_pre_split_mixes_bwd_kernel(mhc_mult):
         mhc_base_grad: T.Tensor[(m3,), T.float32],
         mhc_post_mult_value: T.float32,
     ):
-        with T.Kernel(CLUSTER, threads=THREADS, cluster_dims=CLUSTER):
+        with T.Kernel(CLUSTER, threads=mix_math.THREADS, cluster_dims=CLUSTER):
             T.import_source(CLUSTER_LOAD_SOURCE)
             wait_for_previous_grid()  # programmatic dependent launch
             tid = T.get_thread_binding()
             rank = block_rank_in_cluster()
-            red = T.alloc_shared((WARPS * 2 * m3,), T.float32)
+            red = T.alloc_shared((mix_math.WARPS * 2 * m3,), T.float32)
             xch = T.alloc_shared((2 * m3,), T.float32)
             tot = T.alloc_shared((2 * m3,), T.float32)
             acc = T.alloc_local((2 * m3,), T.float32)  # [0, m3): g_z; [m3, 2 m3): g_z * input_mixes
             mix = T.alloc_local((m3,), T.float32)
             gz = T.alloc_local((m3,), T.float32)
             sg = T.alloc_var(T.float32)
-            total = T.alloc_var(T.float32)
             s_pre = mhc_scale[0]
             s_post = mhc_scale[1]
             s_comb = mhc_scale[2]
             for c in T.unroll(2 * m3):
                 acc[c] = T.float32(0)
-            lane = T.Cast("int64", rank * THREADS + tid)
+            lane = T.Cast("int64", rank * mix_math.THREADS + tid)
             for r in T.serial(T.ceildiv(num_tokens, LANES)):
                 t = T.Cast("int64", r) * LANES + lane
                 if t < num_tokens:
@@ -97,15 +274,6 @@ def mhc_pre_split_mixes_bwd_kernel(mhc_mult):
                         acc[m3 + j] = T.ieee_add(acc[m3 + j], T.ieee_mul(gz[j], mix[j]))
             cluster_token_sum(acc, 2 * m3, red, xch, tot, tid, rank)
             if rank == 0:
-                if tid < m3:
-                    mhc_base_grad[tid] = tot[tid]
-                if tid < 3:
-                    # group tid: mixes [first, first + size)
-                    first = T.if_then_else(tid == 0, 0, T.if_then_else(tid == 1, m, 2 * m))
-                    size = T.if_then_else(tid == 2, mm, m)
-                    total = tot[m3 + first]
-                    for j in T.serial(1, size):
-                        total = T.ieee_add(total, tot[m3 + first + j])
-                    mhc_scale_grad[tid] = total
+                _write_small_grads(tot, m, tid, mhc_scale_grad, mhc_base_grad)
 
     return mhc_pre_split_mixes_bwd
