@@ -59,8 +59,9 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   if (p.num_blocks < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
-  // at most one token per chunk (T <= P): the small-batch kernel, every load of a block's token in
-  // flight at once; more: the persistent kernel, which walks each chunk
+  // at most one token per chunk (T <= P): the small-batch kernel, P x 4 blocks of 128 threads (one
+  // per token and stream; its grid is the kernel's own expression), every load in flight at once;
+  // more: the persistent kernel, P blocks of 512 threads, which walks each chunk
   c.small_batch = p.num_tokens <= p.num_blocks;
   return true;
 }

@@ -16,8 +16,8 @@ its own (no FMA), in the reference's order (``tile_kernels_aot.torch.engram``):
     grad_w_partial[p] = (0 + t_first) + ... + t_last,   t = (r * x) * k, over token chunk p
 
 Two kernels per H (the static key ``small_batch``): the host takes the small-batch kernel when
-no chunk holds more than one token (``T <= P``), the persistent kernel otherwise.  Both use the
-thread layout, the shared-memory rows and the summation orders below.
+no chunk holds more than one token (``T <= P``), the persistent kernel otherwise.  Both give
+lane ``l`` of a stream the pieces ``j * 128 + l`` and use the summation orders above.
 
 Persistent kernel
 -----------------
@@ -55,26 +55,29 @@ Every shared slot of g, x and k is read back by the thread that filled it, excep
 
 Small-batch kernel
 ------------------
-The same ``P`` blocks, threads and summation orders, block ``p`` the chunk of token ``p`` (none
-past the last token: the block writes its ``grad_w_partial`` row of zeros), laid out for the
-latency of one token per block.  Each thread issues all its loads at the start, in the order
-the token uses them: the token's saved values; g and v piece by piece (one group per piece,
-v piece ``j`` copied by the lane's stream ``j % 4``); x and k piece by piece (one group per
-piece), each piece followed by its w (L2, into registers: ``8 * H / 1024`` floats).  A warp
-fence (``__syncwarp``, a NOP in the SASS that ptxas schedules around) after each load of
-registers keeps ptxas from sinking it behind the copies that follow.  The clamp test,
-``sqrt(c / |dot|)`` and the two normalisation terms need only the saved values, not
-``dL/dgate``.  Then:
+``P x 4`` blocks of 128 threads (four blocks per SM: at most 128 registers, ``8 * H - 2 KB`` of
+shared memory), block ``(p, c)`` stream ``c`` of token ``p`` (none past the last token: the
+block writes its ``grad_w_partial[p, c]`` row of zeros).  Thread ``l`` is lane ``l`` of the
+stream (the same pieces ``j * 128 + l`` as in the persistent kernel, the same four warps of
+``_lane_sum``); every slot of shared memory is read back by the thread that copied it, so the
+only barrier is the one of the warp sums.  Each thread issues all its loads at the start, in
+the order the token uses them: the saved values; the four streams' g of its ``grad_v`` pieces
+(the block's quarter of the columns, ``H / 32`` pieces, into registers); the stream's g and v
+piece by piece (one group per piece; v's last piece into registers, which keeps a block 2 KB
+under a quarter of the SM); x and k piece by piece (one group per piece), each piece followed
+by its w (L2, into registers: ``8 * H / 1024`` floats).  A warp fence (``__syncwarp``, a NOP in
+the SASS that ptxas schedules around) after each load of registers keeps ptxas from sinking it
+behind the copies that follow.  The clamp test, ``sqrt(c / |dot|)`` and the two normalisation
+terms need only the saved values.  Then:
 
-1. per piece ``j`` as it lands: wait for the thread's group, barrier of the lane's four
-   streams (the four warps of the same lanes: a named barrier of 128 threads), the piece's
-   ``dl`` terms, and in stream ``j % 4`` ``grad_v`` of the lane's piece ``j``;
-2. warp butterfly, warp sums, barrier of the stream's four warps, ``r``;
-3. per piece as its x and k land: ``grad_x``, ``grad_k`` and the weight-gradient terms
+1. ``grad_v`` of the thread's pieces of the quarter (the four streams in order);
+2. per piece ``j`` as it lands (the thread's own group): the piece's ``dl`` terms;
+3. warp butterfly, warp sums (lane 0 of each warp into its own, already read, v slot of piece
+   0), barrier, ``(w0 + w1) + (w2 + w3)``, ``r``;
+4. per piece as its x and k land: ``grad_x``, ``grad_k`` and the weight-gradient terms
    ``0 + (r * x) * k`` (the sum of the chunk's one token), stored at once.
 
-The rows are held as 32-bit words of two bf16 (a value is one shift or mask).  No shared slot
-is written twice, so no barrier retires one.
+The rows are held as 32-bit words of two bf16 (a value is one shift or mask).
 
 Tokens, P and strides are run-time values; ``hc_mult`` (4) and ``H`` are static.  Element
 offsets are 64-bit.
@@ -94,6 +97,7 @@ SPAN = LANES * PIECE
 WORDS = PIECE // 2  # 32-bit words of two bf16 per piece (small-batch kernel)
 SMEM_LIMIT = 227 * 1024  # shared memory one block may have (sm_90, sm_100)
 W_STEP_BYTES = HC * LANES * PIECE * 4  # w of one step (all four streams), float32
+SMALL_BATCH_BLOCKS_PER_SM = HC  # small-batch kernel: a token's four blocks per SM's share
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 # shared memory is written by cp.async (unseen by TileLang): the barriers are
                 # placed by hand (see the docstring)
@@ -101,12 +105,9 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
                 # every access is in bounds (tokens < num_tokens, pieces < H / 8): no guards
                 "tl.disable_safe_memory_legalize": True}
 
-# Small-batch kernel: a named barrier that orders shared memory (a compiler memory barrier too),
-# and the warp-level fence that keeps ptxas from sinking loads of registers below later copies.
+# Small-batch kernel: the warp-level fence that keeps ptxas from sinking loads of registers below
+# later copies.
 SMALL_BATCH_SOURCE = r"""
-__device__ __forceinline__ void tka_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
 __device__ __forceinline__ void tka_issue_fence() { __syncwarp(); }
 """
 
@@ -148,10 +149,6 @@ def _bf16(word, i):
     """Value ``i`` of a piece of bf16 held as 32-bit words, from its word (the even value in the
     low half), as float32: one shift or mask once ``i`` is unrolled."""
     return T.reinterpret((word << T.Cast(T.uint32, 16 - 16 * (i % 2))) & T.uint32(0xFFFF0000), T.float32)
-
-
-def _bar_sync(barrier, threads):
-    T.evaluate(T.call_extern("void", "tka_bar_sync", barrier, threads))
 
 
 def _issue_fence():
@@ -201,7 +198,9 @@ def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
     k_stride_t = T.dynamic("k_stride_t", "int64")  # elements (multiples of 8)
     k_stride_c = T.dynamic("k_stride_c", "int64")
     v_stride_t = T.dynamic("v_stride_t", "int64")
-    body, source = (_small_batch_body if small_batch else _persistent_body)(hidden, num_tokens, num_blocks)
+    if small_batch:
+        return _small_batch_kernel(hidden, pieces, num_tokens, num_blocks, k_stride_t, k_stride_c, v_stride_t)
+    body, source = _persistent_body(hidden, num_tokens, num_blocks)
 
     @T.prim_func
     def engram_gate_bwd(
@@ -228,6 +227,44 @@ def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
             T.assume(k_stride_c % PIECE == 0)
             T.assume(v_stride_t % PIECE == 0)
             body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
+                 grad_v, grad_w_partial, clamp_value, scalar)
+
+    return engram_gate_bwd
+
+
+def _small_batch_kernel(hidden, pieces, num_tokens, num_blocks, k_stride_t, k_stride_c, v_stride_t):
+    """The small-batch kernel: ``P x 4`` blocks of 128 threads, block ``(p, c)`` stream ``c`` of
+    token ``p`` (module docstring)."""
+    assert hidden >= 2 * SPAN, "the small-batch kernel keeps v's last step in registers: H >= 2048"
+    body, source = _small_batch_body(hidden, num_tokens)
+
+    @T.prim_func
+    def engram_gate_bwd(
+        grad_out: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        hidden_states: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        k: T.StridedTensor[(num_tokens, HC, pieces, PIECE), (k_stride_t, k_stride_c, PIECE, 1), T.bfloat16],
+        v: T.StridedTensor[(num_tokens, pieces, PIECE), (v_stride_t, PIECE, 1), T.bfloat16],
+        weight_fused: T.Tensor[(HC, pieces, PIECE), T.float32],
+        dot: T.Tensor[(num_tokens, HC), T.float32],
+        gate_score: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_x: T.Tensor[(num_tokens, HC), T.float32],
+        rstd_k: T.Tensor[(num_tokens, HC), T.float32],
+        grad_x: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_k: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
+        grad_v: T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16],
+        grad_w_partial: T.Tensor[(num_blocks, HC, pieces, PIECE), T.float32],
+        clamp_value: T.float32,
+        scalar: T.float32,  # H ** -0.5 rounded to float32
+    ):
+        with T.Kernel(T.Cast("int32", num_blocks), HC, threads=LANES) as (bid, c):
+            wait_for_previous_grid()  # programmatic dependent launch
+            T.import_source(source)
+            # 4 blocks per SM (P x 4 blocks in one wave): at most 128 registers a thread
+            T.annotate_min_blocks_per_sm(SMALL_BATCH_BLOCKS_PER_SM)
+            T.assume(k_stride_t % PIECE == 0)
+            T.assume(k_stride_c % PIECE == 0)
+            T.assume(v_stride_t % PIECE == 0)
+            body(bid, c, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
                  grad_v, grad_w_partial, clamp_value, scalar)
 
     return engram_gate_bwd
@@ -417,30 +454,34 @@ def _persistent_body(hidden, num_tokens, num_blocks):
     return body, cp_async.DEVICE_SOURCE
 
 
-def _small_batch_body(hidden, num_tokens, num_blocks):
+def _small_batch_body(hidden, num_tokens):
     """The small-batch kernel's body (module docstring) and its device source."""
     steps = hidden // SPAN
     pieces = hidden // PIECE
+    quarter = pieces // HC  # grad_v pieces of a block: H / 4 columns
+    share = -(-quarter // LANES)  # grad_v pieces per thread (the last partly idle)
 
     @T.macro
-    def body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k, grad_v,
-             grad_w_partial, clamp_value, scalar):
-        tid = T.get_thread_binding()
-        c = tid // LANES
-        lane = tid % LANES
-        warp = tid // WARP
+    def body(bid, c, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
+             grad_v, grad_w_partial, clamp_value, scalar):
+        lane = T.get_thread_binding()
+        warp = lane // WARP
         t = T.Cast("int64", bid)  # the chunk's one token, if any (the host: T <= P)
 
-        # g, x and k rows and the v row as words of two bf16
-        rows_s = T.alloc_shared((3, HC, pieces, WORDS), T.uint32)
-        v_s = T.alloc_shared((pieces, WORDS), T.uint32)
-        warp_sums = T.alloc_shared((THREADS // WARP,), T.float32)
+        # the stream's g, x and k rows and the v row but its last step as words of two bf16, each
+        # slot read back only by the thread that copied it (the warp sums alias the v slots of
+        # piece 0 of lanes 0, 32, 64, 96); the last step of v goes to registers (vl), which keeps
+        # a block 2 KB under a quarter of the SM's shared memory at H 7168
+        rows_s = T.alloc_shared((3, pieces, WORDS), T.uint32)
+        v_s = T.alloc_shared((pieces - LANES, WORDS), T.uint32)
+        vl = T.alloc_local((PIECE,), T.bfloat16)
         gw = T.alloc_local((WORDS,), T.uint32)
         vw = T.alloc_local((WORDS,), T.uint32)
         xw = T.alloc_local((WORDS,), T.uint32)
         kw = T.alloc_local((WORDS,), T.uint32)
-        gq = T.alloc_local((HC, WORDS), T.uint32)
+        gq = T.alloc_local((share, HC, PIECE), T.bfloat16)  # the four streams' g of the grad_v pieces
         wv = T.alloc_local((steps, PIECE), T.float32)  # w of every piece of the thread
+        ov = T.alloc_local((share, PIECE), T.bfloat16)
         ox = T.alloc_local((PIECE,), T.bfloat16)
         ok = T.alloc_local((PIECE,), T.bfloat16)
         ow = T.alloc_local((PIECE,), T.float32)
@@ -454,9 +495,9 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
         gsum = T.alloc_var(T.float32)
 
         if t < num_tokens:
-            # ---- every load at once, in the order of use: the saved values (the gates first: step
-            # 1's grad_v); g and v, one group per piece (v piece j by the lane's stream j % 4); x and
-            # k, one group per piece, each followed by the piece's w.  The fences keep each load of
+            # ---- every load at once: the saved values; the four streams' g of the thread's grad_v
+            # pieces (registers); g and v of the stream, one group per piece; x and k, one group
+            # per piece, each followed by the piece's w (registers).  The fences keep each load of
             # registers where it stands (ptxas would move them behind the copies).
             for h in T.unroll(HC):
                 gates[h] = gate_score[t, h]
@@ -464,15 +505,24 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
             gate_c = gate_score[t, c]
             rx = rstd_x[t, c]
             rk = rstd_k[t, c]
+            for m in T.unroll(share):
+                if m * LANES + lane < quarter:
+                    for h in T.unroll(HC):
+                        for i in T.vectorized(PIECE):
+                            gq[m, h, i] = grad_out[t, h, c * quarter + m * LANES + lane, i]
             _issue_fence()
             for j in T.unroll(steps):
-                T.evaluate(cp_async.copy16(rows_s[0, c, j * LANES + lane, 0], grad_out[t, c, j * LANES + lane, 0]))
-                if c == j % HC:
+                T.evaluate(cp_async.copy16(rows_s[0, j * LANES + lane, 0], grad_out[t, c, j * LANES + lane, 0]))
+                if j < steps - 1:
                     T.evaluate(cp_async.copy16(v_s[j * LANES + lane, 0], v[t, j * LANES + lane, 0]))
+                else:
+                    for i in T.vectorized(PIECE):
+                        vl[i] = v[t, j * LANES + lane, i]
+                    _issue_fence()
                 cp_async.commit()
             for j in T.unroll(steps):
-                T.evaluate(cp_async.copy16(rows_s[1, c, j * LANES + lane, 0], hidden_states[t, c, j * LANES + lane, 0]))
-                T.evaluate(cp_async.copy16(rows_s[2, c, j * LANES + lane, 0], k[t, c, j * LANES + lane, 0]))
+                T.evaluate(cp_async.copy16(rows_s[1, j * LANES + lane, 0], hidden_states[t, c, j * LANES + lane, 0]))
+                T.evaluate(cp_async.copy16(rows_s[2, j * LANES + lane, 0], k[t, c, j * LANES + lane, 0]))
                 cp_async.commit()
                 for i in T.vectorized(PIECE):
                     wv[j, i] = weight_fused[c, j * LANES + lane, i]
@@ -483,39 +533,40 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
             slope = _slope(abs_dot, scalar, rx, rk)
             dot_x = _norm_term(d_c, rx, hidden)
             dot_k = _norm_term(d_c, rk, hidden)
-            # ---- 1. per piece as it lands: past the barrier of the lane's four streams (their warps
-            # of the same lanes) the piece's g and v are visible; dL/dgate terms, and in stream
-            # j % 4 grad_v of the lane's piece
+            # ---- grad_v of the block's quarter of the columns, in stream order
+            for m in T.unroll(share):
+                if m * LANES + lane < quarter:
+                    for i in T.unroll(PIECE):
+                        gsum = T.ieee_mul(_f32(gq[m, 0, i]), gates[0])
+                        for h in T.unroll(1, HC):
+                            gsum = gsum + T.ieee_mul(_f32(gq[m, h, i]), gates[h])
+                        ov[m, i] = T.cast(gsum, T.bfloat16)
+                    for i in T.vectorized(PIECE):
+                        grad_v[t, c * quarter + m * LANES + lane, i] = ov[m, i]
+            # ---- 1. dL/dgate terms per piece as it lands (the thread's own slots: no barrier)
             dl = T.float32(0)
             for j in T.unroll(steps):
                 p = j * LANES + lane
                 cp_async.wait(2 * steps - 1 - j)
-                _bar_sync(1 + warp % (LANES // WARP), LANES)
                 for i in T.vectorized(WORDS):
-                    gw[i] = rows_s[0, c, p, i]
-                for i in T.vectorized(WORDS):
-                    vw[i] = v_s[p, i]
-                for i in T.unroll(PIECE):
-                    dl = dl + T.ieee_mul(_bf16(gw[i // 2], i), _bf16(vw[i // 2], i))
-                if c == j % HC:
-                    for h in T.unroll(HC):
-                        for i in T.vectorized(WORDS):
-                            gq[h, i] = rows_s[0, h, p, i]
+                    gw[i] = rows_s[0, p, i]
+                if j < steps - 1:
+                    for i in T.vectorized(WORDS):
+                        vw[i] = v_s[p, i]
                     for i in T.unroll(PIECE):
-                        gsum = T.ieee_mul(_bf16(gq[0, i // 2], i), gates[0])
-                        for h in T.unroll(1, HC):
-                            gsum = gsum + T.ieee_mul(_bf16(gq[h, i // 2], i), gates[h])
-                        ox[i] = T.cast(gsum, T.bfloat16)
-                    for i in T.vectorized(PIECE):
-                        grad_v[t, p, i] = ox[i]
-            # ---- 2. the stream's sum: warp butterfly, barrier of the stream's four warps,
-            # (w0 + w1) + (w2 + w3); r
+                        dl = dl + T.ieee_mul(_bf16(gw[i // 2], i), _bf16(vw[i // 2], i))
+                else:
+                    for i in T.unroll(PIECE):
+                        dl = dl + T.ieee_mul(_bf16(gw[i // 2], i), _f32(vl[i]))
+            # ---- 2. the stream's sum: warp butterfly, warp sums (lane 0 of each warp into its own
+            # v slot of piece 0, read above), barrier, (w0 + w1) + (w2 + w3); r
             for s in T.unroll(5):
                 dl = dl + T.shfl_xor(dl, 16 >> s)
-            if tid % WARP == 0:
-                warp_sums[warp] = dl
-            _bar_sync(1 + LANES // WARP + c, LANES)
-            dl = (warp_sums[c * 4] + warp_sums[c * 4 + 1]) + (warp_sums[c * 4 + 2] + warp_sums[c * 4 + 3])
+            if lane % WARP == 0:
+                v_s[lane, 0] = T.reinterpret(dl, T.uint32)
+            T.sync_threads()
+            dl = ((T.reinterpret(v_s[0, 0], T.float32) + T.reinterpret(v_s[WARP, 0], T.float32))
+                  + (T.reinterpret(v_s[2 * WARP, 0], T.float32) + T.reinterpret(v_s[3 * WARP, 0], T.float32)))
             r = _r(dl, gate_c, below, slope)
             # ---- 3. per piece as its x and k land (its w in registers): grad_x, grad_k and the
             # weight-gradient terms, the chunk's sum from zero (-0 becomes +0, as in the reference)
@@ -523,11 +574,11 @@ def _small_batch_body(hidden, num_tokens, num_blocks):
                 p = j * LANES + lane
                 cp_async.wait(steps - 1 - j)
                 for i in T.vectorized(WORDS):
-                    gw[i] = rows_s[0, c, p, i]
+                    gw[i] = rows_s[0, p, i]
                 for i in T.vectorized(WORDS):
-                    xw[i] = rows_s[1, c, p, i]
+                    xw[i] = rows_s[1, p, i]
                 for i in T.vectorized(WORDS):
-                    kw[i] = rows_s[2, c, p, i]
+                    kw[i] = rows_s[2, p, i]
                 for i in T.unroll(PIECE):
                     xf = _bf16(xw[i // 2], i)
                     kf = _bf16(kw[i // 2], i)
