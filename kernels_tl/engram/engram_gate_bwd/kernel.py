@@ -199,8 +199,10 @@ def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
     k_stride_c = T.dynamic("k_stride_c", "int64")
     v_stride_t = T.dynamic("v_stride_t", "int64")
     if small_batch:
-        return _small_batch_kernel(hidden, pieces, num_tokens, num_blocks, k_stride_t, k_stride_c, v_stride_t)
-    body, source = _persistent_body(hidden, num_tokens, num_blocks)
+        assert hidden >= 2 * SPAN, "the small-batch kernel keeps v's last step in registers: H >= 2048"
+        body, source = _small_batch_body(hidden, num_tokens)
+    else:
+        body, source = _persistent_body(hidden, num_tokens, num_blocks)
 
     @T.prim_func
     def engram_gate_bwd(
@@ -220,52 +222,27 @@ def engram_gate_bwd_kernel(hc_mult, hidden, small_batch):
         clamp_value: T.float32,
         scalar: T.float32,  # H ** -0.5 rounded to float32
     ):
-        with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
-            wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(source)
-            T.assume(k_stride_t % PIECE == 0)
-            T.assume(k_stride_c % PIECE == 0)
-            T.assume(v_stride_t % PIECE == 0)
-            body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
-                 grad_v, grad_w_partial, clamp_value, scalar)
-
-    return engram_gate_bwd
-
-
-def _small_batch_kernel(hidden, pieces, num_tokens, num_blocks, k_stride_t, k_stride_c, v_stride_t):
-    """The small-batch kernel: ``P x 4`` blocks of 128 threads, block ``(p, c)`` stream ``c`` of
-    token ``p`` (module docstring)."""
-    assert hidden >= 2 * SPAN, "the small-batch kernel keeps v's last step in registers: H >= 2048"
-    body, source = _small_batch_body(hidden, num_tokens)
-
-    @T.prim_func
-    def engram_gate_bwd(
-        grad_out: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
-        hidden_states: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
-        k: T.StridedTensor[(num_tokens, HC, pieces, PIECE), (k_stride_t, k_stride_c, PIECE, 1), T.bfloat16],
-        v: T.StridedTensor[(num_tokens, pieces, PIECE), (v_stride_t, PIECE, 1), T.bfloat16],
-        weight_fused: T.Tensor[(HC, pieces, PIECE), T.float32],
-        dot: T.Tensor[(num_tokens, HC), T.float32],
-        gate_score: T.Tensor[(num_tokens, HC), T.float32],
-        rstd_x: T.Tensor[(num_tokens, HC), T.float32],
-        rstd_k: T.Tensor[(num_tokens, HC), T.float32],
-        grad_x: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
-        grad_k: T.Tensor[(num_tokens, HC, pieces, PIECE), T.bfloat16],
-        grad_v: T.Tensor[(num_tokens, pieces, PIECE), T.bfloat16],
-        grad_w_partial: T.Tensor[(num_blocks, HC, pieces, PIECE), T.float32],
-        clamp_value: T.float32,
-        scalar: T.float32,  # H ** -0.5 rounded to float32
-    ):
-        with T.Kernel(T.Cast("int32", num_blocks), HC, threads=LANES) as (bid, c):
-            wait_for_previous_grid()  # programmatic dependent launch
-            T.import_source(source)
-            # 4 blocks per SM (P x 4 blocks in one wave): at most 128 registers a thread
-            T.annotate_min_blocks_per_sm(SMALL_BATCH_BLOCKS_PER_SM)
-            T.assume(k_stride_t % PIECE == 0)
-            T.assume(k_stride_c % PIECE == 0)
-            T.assume(v_stride_t % PIECE == 0)
-            body(bid, c, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
-                 grad_v, grad_w_partial, clamp_value, scalar)
+        if small_batch:
+            # P x 4 blocks of 128 threads, block (p, c) stream c of token p (module docstring)
+            with T.Kernel(T.Cast("int32", num_blocks), HC, threads=LANES) as (bid, c):
+                wait_for_previous_grid()  # programmatic dependent launch
+                T.import_source(source)
+                # 4 blocks per SM (P x 4 blocks in one wave): at most 128 registers a thread
+                T.annotate_min_blocks_per_sm(SMALL_BATCH_BLOCKS_PER_SM)
+                T.assume(k_stride_t % PIECE == 0)
+                T.assume(k_stride_c % PIECE == 0)
+                T.assume(v_stride_t % PIECE == 0)
+                body(bid, c, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x,
+                     grad_k, grad_v, grad_w_partial, clamp_value, scalar)
+        else:
+            with T.Kernel(T.Cast("int32", num_blocks), threads=THREADS) as bid:
+                wait_for_previous_grid()  # programmatic dependent launch
+                T.import_source(source)
+                T.assume(k_stride_t % PIECE == 0)
+                T.assume(k_stride_c % PIECE == 0)
+                T.assume(v_stride_t % PIECE == 0)
+                body(bid, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k,
+                     grad_v, grad_w_partial, clamp_value, scalar)
 
     return engram_gate_bwd
 
