@@ -46,7 +46,7 @@ THREADS = 128  # four warps
 SPAN = 256  # columns per block (a row's piece: SPAN * 4 bytes, one bulk copy)
 VEC = SPAN // THREADS  # columns per thread
 ROWS = 16  # rows per group
-STAGES = 5  # groups in the ring: 80 rows in flight (fewer measured faster than 160; wait counts <= MAX_GROUPS)
+STAGES = 4  # groups in the ring: 64 rows in flight (level with 80, faster than 48 or 160; wait counts <= MAX_GROUPS)
 ISSUE_WARPS = 4  # warps issuing a group's bulk copies (ROWS / ISSUE_WARPS lanes each)
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 # shared memory is written by cp.async / cp.async.bulk (unseen by TileLang);
