@@ -8,7 +8,7 @@ namespace tka::mhc_mhc_pre_split_mixes_bwd::mhc_pre_split_mixes_bwd {
 // Up to this many tokens the one-launch cluster kernel serves the call, above it the blocks
 // kernel's two launches (kernel.py: CLUSTER_TOKENS, and BLOCKS, whose 2 * M3 partial sums each
 // the scratch holds; kernel_args checks both against the kernel's constants).
-constexpr int64_t kClusterTokens = 256;
+constexpr int64_t kClusterTokens = 128;
 constexpr int64_t kBlocks = 128;
 
 struct Plan {

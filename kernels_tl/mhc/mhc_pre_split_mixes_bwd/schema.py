@@ -1,5 +1,5 @@
 """mhc.mhc_pre_split_mixes_bwd: two kernels per mhc_mult (static), picked per call by the token count
-(``path``: "cluster", one launch, up to 256 tokens; "blocks", two launches, above); tokens and
+(``path``: "cluster", one launch, up to 128 tokens; "blocks", two launches, above); tokens and
 post_mult_value are run-time values."""
 
 from kernels_tl.schema import Float, Int, Op, Out, Param, Randn, Sample, Schema, Tensor
@@ -28,10 +28,10 @@ SCHEMA = Schema(
             outs=[Out("input_mixes_grad", dtype="'float32'", shape="list(input_mixes.shape)"),
                   Out("mhc_scale_grad", dtype="'float32'", shape="[3]"),
                   Out("mhc_base_grad", dtype="'float32'", shape="[input_mixes.shape[1]]")],
-            # above 256 tokens (path "blocks") each block's partial sums (kernel.py: BLOCKS x 2 * M3),
+            # above 128 tokens (path "blocks") each block's partial sums (kernel.py: BLOCKS x 2 * M3),
             # written by the first launch, summed by the second
             scratch=[Out("scratch", dtype="'float32'",
-                         shape="[128 * 2 * input_mixes.shape[1] if input_mixes.shape[0] > 256 else 0]")],
+                         shape="[128 * 2 * input_mixes.shape[1] if input_mixes.shape[0] > 128 else 0]")],
             launches=True,
             returns=["input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"],
             reference="tile_kernels_aot.torch.mhc.mhc_pre_split_mixes_bwd",
@@ -40,8 +40,8 @@ SCHEMA = Schema(
                 Sample("prefill", 8192, _args()),
                 Sample("upstream mhc_pre n=1x4096, post_mult=1", 4096, _args(post_mult=1.0)),
                 Sample("3 rounds of lanes, tail, post_mult=0.5", 5000, _args(post_mult=0.5)),
-                Sample("256 tokens: the cluster kernel's most", 256, _args()),
-                Sample("257 tokens: the blocks kernel's fewest", 257, _args(post_mult=0.5)),
+                Sample("129 tokens: the blocks kernel's fewest", 129, _args(post_mult=0.5)),
+                Sample("256 tokens", 256, _args()),
                 Sample("2049 tokens: one token in the second round of lanes", 2049, _args(post_mult=0.5)),
                 Sample("one token", 1, _args()),
                 Sample("no tokens", 0, _args()),
