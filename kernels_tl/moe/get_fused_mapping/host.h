@@ -17,7 +17,8 @@ constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 18);
 
 struct Plan {
   int64_t num_tokens, num_topk, num_elements, num_experts, rows;
-  bool passes;  // the count launch and the place launch (else one launch of independent blocks)
+  bool passes;  // the cooperative launch (else one launch of independent blocks)
+  int64_t max_grid;  // the cooperative launch's most blocks: one resident block per SM
 };
 
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
@@ -59,6 +60,9 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
   p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
   p.passes = p.num_elements > kSmallEntries;
+  const int sms = plan_sm_count(op, a.topk_idx.device);
+  if (sms < 0) return false;  // the device query failed (error set)
+  p.max_grid = std::min<int64_t>(kMaxGrid, sms);
   c.path = p.passes ? "passes" : "blocks";
   return true;
 }
@@ -79,11 +83,8 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
 // Every output element is written by the kernel: a launch whenever there is one.
 inline bool needs_launch(const Plan& p) { return p.rows > 0 || p.num_elements > 0 || p.num_experts > 0; }
 
-// The passes path: launch 0 counts into the scratch, launch 1 (which waits for it) places.
-inline int64_t launches(const Plan& p) { return p.passes ? 2 : 1; }
-
-inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k,
-                        int64_t launch) {
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o,
+                        KernelArgs& k) {
   TKA_CHECK(p.num_experts <= c.max_experts, "num_experts", "must be at most %lld for this kernel, got %lld",
             static_cast<long long>(c.max_experts), static_cast<long long>(p.num_experts));
   // The blocks path reads every entry in every block, as int16 counts: kSmallEntries at most.
@@ -110,7 +111,7 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.alignment = a.alignment;
   // the passes kernel's parameters (the blocks kernel has neither: absent from a build without it)
   TKA_SET_IF_PRESENT(k, scratch, o.scratch.data);
-  TKA_SET_IF_PRESENT(k, phase, launch);
+  TKA_SET_IF_PRESENT(k, max_grid, p.max_grid);
   return true;
 }
 

@@ -267,22 +267,23 @@ def _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
          num_rows, lv)
 
 
-def _passes_most_blocks(num_experts):
-    """The most blocks of the passes path for ``num_experts``: MAX_GRID, fewer when every
-    placing block's read of the ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
-    return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), MAX_GRID)
+def _passes_most_blocks(num_experts, max_grid):
+    """The most blocks of the passes path for ``num_experts``: ``max_grid`` (the host's
+    ``min(MAX_GRID, SMs)``: one resident block per SM), fewer when every block's read of the
+    ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
+    return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), max_grid)
 
 
-def _passes_chunk(num_elements, num_experts):
+def _passes_chunk(num_elements, num_experts, max_grid):
     """Flat entries per block of the passes path: a multiple of 32, at least 32, so that
     ``_passes_grid`` blocks of it cover every entry (``num_elements + 4095`` stays in int32)."""
-    return T.max(T.ceildiv(num_elements, _passes_most_blocks(num_experts) * 32) * 32, 32)
+    return T.max(T.ceildiv(num_elements, _passes_most_blocks(num_experts, max_grid) * 32) * 32, 32)
 
 
-def _passes_grid(num_elements, num_experts):
+def _passes_grid(num_elements, num_experts, max_grid):
     """Blocks of the passes path: ``ceil(num_elements / chunk)`` (written without ``num_elements +
     chunk``, which could pass int32), at least 1, at most ``_passes_most_blocks``."""
-    return T.max(T.floordiv(num_elements - 1, _passes_chunk(num_elements, num_experts)) + 1, 1)
+    return T.max(T.floordiv(num_elements - 1, _passes_chunk(num_elements, num_experts, max_grid)) + 1, 1)
 
 
 @T.macro
@@ -375,7 +376,7 @@ def _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, la
 
 @T.macro
 def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-                 num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements, num_rows, num_experts, bx,
+                 num_tokens_per_expert, scratch, max_grid, num_topk, alignment, num_elements, num_rows, num_experts, bx,
                  tid, warp, lane):
     """The passes path: launch ``phase`` (0: count, 1: place) of ``_passes_grid()`` blocks of
     ``THREADS`` threads; the grid and the split of the entries are the same in both launches.
@@ -398,9 +399,9 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
     (``__match_any_sync`` per group of 32 over the warp's running count, as ``_place_step``);
     the grid shares the padding rows, block 0 writes the per-expert outputs."""
     nblocks = T.alloc_var(T.int32)  # the grid (the launch computes the same expression)
-    nblocks = _passes_grid(num_elements, num_experts)
+    nblocks = _passes_grid(num_elements, num_experts, max_grid)
     chunk = T.alloc_var(T.int32)
-    chunk = _passes_chunk(num_elements, num_experts)
+    chunk = _passes_chunk(num_elements, num_experts, max_grid)
 
     hist = T.alloc_shared((WARPS * MAX_EXPERTS,), T.int32)  # [warp][expert]
     totals = T.alloc_shared((WARPS,), T.int32)  # the scan's per-warp totals, then sum(a)
@@ -446,8 +447,6 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
         for u in T.unroll(UNROLL):
             experts[u] = _expert_of(values[u], num_experts)
         _count_step(hist, experts, warp)
-    if phase != 0:
-        _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
     T.sync_threads()
 
     # column e -> exclusive prefix over the block's warps; `acc` the block's count of e
@@ -457,35 +456,35 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
             cnt = hist[w * MAX_EXPERTS + tid]
             hist[w * MAX_EXPERTS + tid] = acc
             acc = acc + cnt
-    if phase == 0:
-        if tid < num_experts:
-            scratch[tid * nblocks + bx] = acc
-    else:
-        lv[0] = 0
-        if tid < num_experts:
-            lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
-        _aligned_scan(lv, totals, 0, warp, lane)
-        if tid < num_experts:
-            start_of[tid] = lv[1]
-            aligned_of[tid] = lv[0]
-            base_of[tid] = lv[1] + before_of[tid]
-            if bx == 0:
-                expert_start[tid] = lv[1]
-                expert_end[tid] = lv[1] + lv[0]
-                num_tokens_per_expert[tid] = lv[0]
-        T.sync_threads()
+        scratch[tid * nblocks + bx] = acc
+    T.sync_grid()  # every block's counts are in the scratch (a cooperative launch: all blocks resident)
+    _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
+    T.sync_threads()
+    lv[0] = 0
+    if tid < num_experts:
+        lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
+    _aligned_scan(lv, totals, 0, warp, lane)
+    if tid < num_experts:
+        start_of[tid] = lv[1]
+        aligned_of[tid] = lv[0]
+        base_of[tid] = lv[1] + before_of[tid]
+        if bx == 0:
+            expert_start[tid] = lv[1]
+            expert_end[tid] = lv[1] + lv[0]
+            num_tokens_per_expert[tid] = lv[0]
+    T.sync_threads()
 
-        # place this warp's piece, in flat order within each expert
-        lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
-        _start_token(token, begin + lane, num_topk)
-        for s in T.serial(steps):
-            _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
-            _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts,
-                        token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
+    # place this warp's piece, in flat order within each expert
+    lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
+    _start_token(token, begin + lane, num_topk)
+    for s in T.serial(steps):
+        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
+        _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts,
+                    token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
 
-        # padding rows, over the whole grid
-        _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of, totals[WARPS - 1],
-             bx * WARPS + warp, nblocks * WARPS, bx * THREADS + tid, nblocks * THREADS, lane, num_experts, num_rows, lv)
+    # padding rows, over the whole grid
+    _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of, totals[WARPS - 1],
+         bx * WARPS + warp, nblocks * WARPS, bx * THREADS + tid, nblocks * THREADS, lane, num_experts, num_rows, lv)
 
 
 def get_fused_mapping_kernel(path):
@@ -496,7 +495,9 @@ def get_fused_mapping_kernel(path):
     num_experts = T.dynamic("num_experts")
     num_counts = T.dynamic("num_counts")
     blocks = path == "blocks"
-    grid = _blocks_grid(num_rows, num_elements) if blocks else _passes_grid(num_elements, num_experts)
+
+    def grid(max_grid):
+        return _blocks_grid(num_rows, num_elements) if blocks else _passes_grid(num_elements, num_experts, max_grid)
 
     @T.prim_func
     def get_fused_mapping(
@@ -511,10 +512,10 @@ def get_fused_mapping_kernel(path):
         scratch: T.Tensor[(num_counts,), T.int32],
         num_topk: T.int32,
         alignment: T.int32,
-        phase: T.int32,
+        max_grid: T.int32,
     ):
-        with T.Kernel(grid, threads=THREADS) as bx:
-            wait_for_previous_grid()  # programmatic dependent launch: launch 1 waits for launch 0 here
+        with T.Kernel(grid(max_grid), threads=THREADS) as bx:
+            wait_for_previous_grid()
             tid = T.get_thread_binding()
             if blocks:
                 _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
@@ -522,7 +523,7 @@ def get_fused_mapping_kernel(path):
                              num_experts, bx, tid, tid // 32, tid % 32)
             else:
                 _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
-                             expert_end, num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements,
+                             expert_end, num_tokens_per_expert, scratch, max_grid, num_topk, alignment, num_elements,
                              num_rows, num_experts, bx, tid, tid // 32, tid % 32)
 
     return get_fused_mapping

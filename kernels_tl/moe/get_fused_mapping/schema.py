@@ -96,7 +96,6 @@ SCHEMA = Schema(
             scratch=[Out("scratch", dtype="'int32'",
                          shape="[num_experts * max(min(16384 // max(num_experts, 1), 128), 1) "
                                "if topk_idx.shape[0] * topk_idx.shape[1] > 8192 else 0]")],
-            launches=True,
             returns=["pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
                      "expert_end", "num_tokens_per_expert"],
             dims=[("rows", _ROWS)],
