@@ -168,7 +168,7 @@ def test_grid_synchronizing_kernel_is_launched_cooperatively(lowered):
     from aot.manifest import kernel_build_record
 
     assert not lowered.cooperative
-    assert lower("moe.get_fused_mapping", {"path": "passes"}, "sm_90a").cooperative
+    assert lower("moe.get_fused_mapping", {"path": "cooperative"}, "sm_90a").cooperative
     assert not lower("moe.get_fused_mapping", {"path": "blocks"}, "sm_90a").cooperative
     for cooperative in (False, True):
         record = kernel_build_record(dataclasses.replace(lowered, cooperative=cooperative), "sm_90a/x.cubin", b"\0")
