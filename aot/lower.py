@@ -39,6 +39,9 @@ class LoweredKernel:
     pdl: bool
     # Blocks per thread-block cluster along x, y, z ([1, 1, 1]: no clusters), a launch attribute.
     cluster: list = dataclasses.field(default_factory=lambda: [1, 1, 1])
+    # The kernel synchronizes its whole grid (``T.sync_grid()``): launched cooperatively, so that
+    # every block is resident at once (the launch fails rather than hangs when they cannot be).
+    cooperative: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -146,7 +149,7 @@ def lower(kernel_name: str, config: dict, arch: str) -> LoweredKernel:
     return LoweredKernel(
         kernel=kernel_name, config=dict(config), arch=arch, entry=entry, source=artifact.kernel_source,
         params=params, grid=grid, block=block, dyn_smem=dyn_smem, pdl="has_cuda_pdl_sync" in dfunc.attrs,
-        cluster=cluster,
+        cluster=cluster, cooperative="use_cooperative_groups" in dfunc.attrs,
     )
 
 

@@ -56,6 +56,7 @@ def kernel_build_record(lowered, cubin_rel: str, cubin_bytes: bytes) -> dict:
         "dyn_smem": lowered.dyn_smem,
         "pdl": lowered.pdl,
         "cluster": lowered.cluster,
+        "cooperative": lowered.cooperative,
     }
 
 

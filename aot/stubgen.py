@@ -171,7 +171,8 @@ def _launcher(fn: str, build: dict, kernel: str) -> str:
     cluster = ", ".join(str(int(c)) for c in build.get("cluster", (1, 1, 1)))
     lines.append(f"  const Geometry g{{{{{grid}}}, {{{block}}}, {build['dyn_smem']}, {{{cluster}}}}};\n")
     lines.append(f"  static KernelEntry entry{{{cpp_string(build['arch'])}, {cpp_string(build['cubin'])}, "
-                 f"{cpp_string(build['sha256'])}, {cpp_string(build['entry'])}, {'true' if build['pdl'] else 'false'}}};\n")
+                 f"{cpp_string(build['sha256'])}, {cpp_string(build['entry'])}, {'true' if build['pdl'] else 'false'}, "
+                 f"{'true' if build.get('cooperative') else 'false'}}};\n")
     lines.append(f"  return launch(op, &entry, device, stream, g, s, {len(build['params'])});\n}}\n")
     return "".join(lines)
 

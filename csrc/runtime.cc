@@ -859,18 +859,20 @@ thread_local LastLaunch t_last;
 // grid itself (griddepcontrol.wait before any memory access) is launched as that grid's
 // programmatic dependent: its blocks may start while the previous grid drains, and in
 // a CUDA graph the gap between the two shrinks. A kernel built for thread-block clusters
-// gets its cluster shape as a launch attribute. Otherwise it launches plainly.
+// gets its cluster shape as a launch attribute, one that synchronizes its grid the cooperative
+// attribute (the driver refuses the launch when its blocks cannot all be resident at once).
+// Otherwise it launches plainly.
 cu::CUresult issue(const cu::Driver* d, KernelEntry* e, const Geometry& g, cu::CUstream stream, void** params,
                    bool dependent) {
   auto f = reinterpret_cast<cu::CUfunction>(e->kernel.load(std::memory_order_relaxed));
   const bool clustered = g.cluster[0] > 1 || g.cluster[1] > 1 || g.cluster[2] > 1;
   const bool programmatic = dependent && e->pdl;
-  if (!programmatic && !clustered)
+  if (!programmatic && !clustered && !e->cooperative)
     return d->cuLaunchKernel(f, static_cast<unsigned>(g.grid[0]), static_cast<unsigned>(g.grid[1]),
                              static_cast<unsigned>(g.grid[2]), static_cast<unsigned>(g.block[0]),
                              static_cast<unsigned>(g.block[1]), static_cast<unsigned>(g.block[2]),
                              static_cast<unsigned>(g.dyn_smem), stream, params, nullptr);
-  cu::CUlaunchAttribute attrs[2]{};
+  cu::CUlaunchAttribute attrs[3]{};
   unsigned n = 0;
   if (programmatic) {
     attrs[n].id = cu::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -880,6 +882,10 @@ cu::CUresult issue(const cu::Driver* d, KernelEntry* e, const Geometry& g, cu::C
     attrs[n].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     for (int i = 0; i < 3; ++i) attrs[n].value.cluster_dim[i] = static_cast<unsigned>(g.cluster[i] > 1 ? g.cluster[i] : 1);
     ++n;
+  }
+  if (e->cooperative) {
+    attrs[n].id = cu::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n++].value.cooperative = 1;
   }
   cu::CUlaunchConfig config{static_cast<unsigned>(g.grid[0]),  static_cast<unsigned>(g.grid[1]),
                             static_cast<unsigned>(g.grid[2]),  static_cast<unsigned>(g.block[0]),

@@ -158,6 +158,25 @@ def test_cluster_shape_reaches_the_launch(lowered, tmp_path):
         assert f"{lowered.dyn_smem}, {{{', '.join(map(str, cluster))}}}}};" in text
 
 
+def test_grid_synchronizing_kernel_is_launched_cooperatively(lowered):
+    """A kernel that synchronizes its grid (``T.sync_grid()``) lowers as cooperative, and its
+    stub's kernel entry says so (the launch then sets the cooperative attribute); others do not."""
+    import dataclasses
+
+    from aot import stubgen
+    from aot.lower import lower
+    from aot.manifest import kernel_build_record
+
+    assert not lowered.cooperative
+    assert lower("moe.get_fused_mapping", {"path": "cooperative"}, "sm_90a").cooperative
+    assert not lower("moe.get_fused_mapping", {"path": "blocks"}, "sm_90a").cooperative
+    for cooperative in (False, True):
+        record = kernel_build_record(dataclasses.replace(lowered, cooperative=cooperative), "sm_90a/x.cubin", b"\0")
+        assert record["cooperative"] is cooperative
+        text = stubgen._launcher("launch_0", record, "moe.topk_gate")
+        assert f", true, {'true' if cooperative else 'false'}}};" in text
+
+
 @pytest.mark.parametrize("kernel, config", [
     ("mhc.mhc_pre_norm_fn", {"cluster": 8, "tile_tokens": 128}),
     ("mhc.mhc_pre_norm_fn_bwd", {"cluster": 2})])

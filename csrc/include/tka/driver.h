@@ -22,6 +22,7 @@ constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
 constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
@@ -32,6 +33,7 @@ struct CUlaunchAttribute {
   union {
     char bytes[64];
     int programmatic_stream_serialization_allowed;
+    int cooperative;
     unsigned cluster_dim[3];  // clusterDim {x, y, z}
   } value;
 };

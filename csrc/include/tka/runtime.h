@@ -165,6 +165,7 @@ struct KernelEntry {
   const char* sha256;  // the manifest's digest of the cubin (hex), checked before it is loaded
   const char* entry;
   bool pdl;  // waits for the previous grid itself: launched as its programmatic dependent
+  bool cooperative;  // synchronizes its whole grid: launched cooperatively (every block resident)
   std::atomic<cu::CUkernel> kernel{nullptr};
   std::mutex lock;
   std::atomic<uint64_t> smem_set[kMaxDevices] = {};  // dynamic smem limit raised, per device (+1)

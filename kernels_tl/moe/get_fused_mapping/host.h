@@ -17,16 +17,19 @@ constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 18);
 
 struct Plan {
   int64_t num_tokens, num_topk, num_elements, num_experts, rows;
-  bool passes;  // the count launch and the place launch (else one launch of independent blocks)
+  bool cooperative;  // the cooperative kernel (else the grid of independent blocks)
+  int64_t max_grid;  // the cooperative launch's most blocks: one resident block per SM
 };
 
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
-// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, two launches.
+// SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, the cooperative
+// kernel.
 constexpr int64_t kSmallEntries = 8192;
-// The passes path's most blocks and its budget of per-block counts (kernel.py: MAX_GRID,
+// The cooperative path's most blocks and its budget of per-block counts (kernel.py: MAX_GRID,
 // SCRATCH_BUDGET; checked in kernel_args): the grid is at most
-// min(MAX_GRID, max(SCRATCH_BUDGET / num_experts, 1)) blocks, and the scratch holds the counts
-// of that many blocks for every expert.
+// min(MAX_GRID, SMs, max(SCRATCH_BUDGET / num_experts, 1)) blocks (one resident block per SM: a
+// cooperative launch needs every block resident, and the driver refuses one that cannot be), and
+// the scratch holds the counts of min(MAX_GRID, ...) blocks for every expert.
 constexpr int64_t kMaxGrid = 128;
 constexpr int64_t kScratchBudget = 16384;
 
@@ -58,8 +61,11 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   // can need (TileKernels' bound), which the public wrapper trims after its host sync.
   const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
   p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
-  p.passes = p.num_elements > kSmallEntries;
-  c.path = p.passes ? "passes" : "blocks";
+  p.cooperative = p.num_elements > kSmallEntries;
+  const int sms = plan_sm_count(op, a.topk_idx.device);
+  if (sms < 0) return false;  // the device query failed (error set)
+  p.max_grid = std::min<int64_t>(kMaxGrid, sms);  // the kernel's shared memory allows one block per SM
+  c.path = p.cooperative ? "cooperative" : "blocks";
   return true;
 }
 
@@ -71,27 +77,24 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.expert_start, I32, {p.num_experts});
   dense_output(s.expert_end, I32, {p.num_experts});
   dense_output(s.num_tokens_per_expert, I32, {p.num_experts});
-  // the passes path's per-block counts, [expert][block] (every element written by the count
-  // launch before the place launch reads it); none for the blocks path
-  dense_output(s.scratch, I32, {p.passes ? p.num_experts * most_blocks(p.num_experts) : 0});
+  // the cooperative path's per-block counts, [expert][block] (every element written before the
+  // kernel's grid-wide barrier, read after it); none for the blocks path
+  dense_output(s.scratch, I32, {p.cooperative ? p.num_experts * most_blocks(p.num_experts) : 0});
 }
 
 // Every output element is written by the kernel: a launch whenever there is one.
 inline bool needs_launch(const Plan& p) { return p.rows > 0 || p.num_elements > 0 || p.num_experts > 0; }
 
-// The passes path: launch 0 counts into the scratch, launch 1 (which waits for it) places.
-inline int64_t launches(const Plan& p) { return p.passes ? 2 : 1; }
-
-inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o, KernelArgs& k,
-                        int64_t launch) {
+inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Constants& c, const Outs& o,
+                        KernelArgs& k) {
   TKA_CHECK(p.num_experts <= c.max_experts, "num_experts", "must be at most %lld for this kernel, got %lld",
             static_cast<long long>(c.max_experts), static_cast<long long>(p.num_experts));
   // The blocks path reads every entry in every block, as int16 counts: kSmallEntries at most.
-  TKA_CHECK(c.passes != 0 || p.num_elements <= c.small_entries, "topk_idx",
+  TKA_CHECK(c.cooperative != 0 || p.num_elements <= c.small_entries, "topk_idx",
             "has %lld entries, more than this kernel's %lld", static_cast<long long>(p.num_elements),
             static_cast<long long>(c.small_entries));
   // The scratch (outputs) and the grid (the kernel's expression) follow the same constants.
-  TKA_CHECK(c.passes == 0 || (c.max_grid == kMaxGrid && c.scratch_budget == kScratchBudget), "topk_idx",
+  TKA_CHECK(c.cooperative == 0 || (c.max_grid == kMaxGrid && c.scratch_budget == kScratchBudget), "topk_idx",
             "cannot run: the kernel's grid limits (%lld blocks, %lld counts) differ from the host's (%lld, %lld)",
             static_cast<long long>(c.max_grid), static_cast<long long>(c.scratch_budget),
             static_cast<long long>(kMaxGrid), static_cast<long long>(kScratchBudget));
@@ -108,9 +111,9 @@ inline bool kernel_args(const char* op, const Args& a, const Plan& p, const Cons
   k.num_experts = p.num_experts;
   k.num_topk = p.num_elements > 0 ? p.num_topk : 1;  // the divisor of flat index -> token (any with no entries)
   k.alignment = a.alignment;
-  // the passes kernel's parameters (the blocks kernel has neither: absent from a build without it)
+  // the cooperative kernel's parameters (the blocks kernel has neither: absent from a build without it)
   TKA_SET_IF_PRESENT(k, scratch, o.scratch.data);
-  TKA_SET_IF_PRESENT(k, phase, launch);
+  TKA_SET_IF_PRESENT(k, max_grid, p.max_grid);
   return true;
 }
 

@@ -34,11 +34,11 @@ most ``SMALL_GROUPS`` groups of 32):
 4. Padding: rows ``[start + c, start + a)`` (a warp per expert) and the tail
    ``[sum(a), num_rows)``, spread over the whole grid.
 
-``path="passes"`` (more entries): the host launches the kernel twice (``phase`` 0, then 1) over
-the same grid of up to ``MAX_GRID`` blocks, each owning a contiguous chunk of the entries, with
-a scratch buffer of per-block counts between them: launch 0 counts, launch 1 waits for it (the
-programmatic-dependent-launch wait), sums the counts, computes the layout and places its chunk;
-see ``_passes_body``.
+``path="cooperative"`` (more entries): one cooperative launch (every block resident at once) of
+up to ``MAX_GRID`` blocks (at most one per SM: the host's ``max_grid``), each owning a contiguous
+chunk of the entries: each block counts its chunk, writes its per-expert counts to a scratch
+buffer, waits at a grid-wide barrier (``T.sync_grid()``), sums the counts, computes the layout
+and places its chunk; see ``_cooperative_body``.
 
 Every output element has exactly one writer.  All counts and rows are int32: the host
 refuses layouts of 2^31 - 2^18 rows or more.  Nothing else is static: one cubin per path
@@ -49,7 +49,7 @@ from tilelang import language as T
 
 from kernels_tl.dependent_launch import wait_for_previous_grid
 
-PATHS = ("blocks", "passes")
+PATHS = ("blocks", "cooperative")
 THREADS = 1024
 WARPS = THREADS // 32
 MAX_EXPERTS = THREADS  # thread e owns expert e in the offsets step
@@ -57,14 +57,14 @@ SMALL_ENTRIES = 8192  # blocks path: the most entries (every block reads them al
 SMALL_GROUPS = SMALL_ENTRIES // THREADS  # blocks path: groups of 32 per warp chunk, at most
 ROWS_PER_BLOCK = 2048  # blocks path: one block per this many rows + entries ...
 MAX_BLOCKS = 32  # ... up to this many (a warp chunk each at most)
-UNROLL = 8  # passes path: loads in flight per lane (64 KiB per block)
-STEP = 32 * UNROLL  # passes path: entries a warp takes per step
-# passes path: at most this many blocks (one wave of full-SM blocks on a 132- or 148-SM part) ...
+UNROLL = 8  # cooperative path: loads in flight per lane (64 KiB per block)
+STEP = 32 * UNROLL  # cooperative path: entries a warp takes per step
+# cooperative path: at most this many blocks (one wave of full-SM blocks on a 132- or 148-SM part) ...
 MAX_GRID = 128
 # ... and at most this many counts (blocks x experts) for each placing block to sum (64 KiB
 # from L2): 128 blocks up to 128 experts, 64 at 256, 16 at 1024
 SCRATCH_BUDGET = 16384
-EXPERT_UNROLL = 4  # passes path: experts per warp whose counts are in flight together
+EXPERT_UNROLL = 4  # cooperative path: experts per warp whose counts are in flight together
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),
 # so TileLang's extra guards are left out.
@@ -73,7 +73,7 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
 
 
 def host_constants(path):
-    return {"max_experts": MAX_EXPERTS, "passes": int(path == "passes"), "small_entries": SMALL_ENTRIES,
+    return {"max_experts": MAX_EXPERTS, "cooperative": int(path == "cooperative"), "small_entries": SMALL_ENTRIES,
             "max_grid": MAX_GRID, "scratch_budget": SCRATCH_BUDGET}
 
 
@@ -267,22 +267,23 @@ def _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
          num_rows, lv)
 
 
-def _passes_most_blocks(num_experts):
-    """The most blocks of the passes path for ``num_experts``: MAX_GRID, fewer when every
-    placing block's read of the ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
-    return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), MAX_GRID)
+def _cooperative_most_blocks(num_experts, max_grid):
+    """The most blocks of the cooperative path for ``num_experts``: ``max_grid`` (the host's
+    ``min(MAX_GRID, SMs)``: one resident block per SM), fewer when every block's read of the
+    ``blocks x experts`` counts would pass SCRATCH_BUDGET."""
+    return T.min(T.max(T.floordiv(SCRATCH_BUDGET, T.max(num_experts, 1)), 1), max_grid)
 
 
-def _passes_chunk(num_elements, num_experts):
-    """Flat entries per block of the passes path: a multiple of 32, at least 32, so that
-    ``_passes_grid`` blocks of it cover every entry (``num_elements + 4095`` stays in int32)."""
-    return T.max(T.ceildiv(num_elements, _passes_most_blocks(num_experts) * 32) * 32, 32)
+def _cooperative_chunk(num_elements, num_experts, max_grid):
+    """Flat entries per block of the cooperative path: a multiple of 32, at least 32, so that
+    ``_cooperative_grid`` blocks of it cover every entry (``num_elements + 4095`` stays in int32)."""
+    return T.max(T.ceildiv(num_elements, _cooperative_most_blocks(num_experts, max_grid) * 32) * 32, 32)
 
 
-def _passes_grid(num_elements, num_experts):
-    """Blocks of the passes path: ``ceil(num_elements / chunk)`` (written without ``num_elements +
-    chunk``, which could pass int32), at least 1, at most ``_passes_most_blocks``."""
-    return T.max(T.floordiv(num_elements - 1, _passes_chunk(num_elements, num_experts)) + 1, 1)
+def _cooperative_grid(num_elements, num_experts, max_grid):
+    """Blocks of the cooperative path: ``ceil(num_elements / chunk)`` (written without ``num_elements +
+    chunk``, which could pass int32), at least 1, at most ``_cooperative_most_blocks``."""
+    return T.max(T.floordiv(num_elements - 1, _cooperative_chunk(num_elements, num_experts, max_grid)) + 1, 1)
 
 
 @T.macro
@@ -374,33 +375,33 @@ def _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, la
 
 
 @T.macro
-def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-                 num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements, num_rows, num_experts, bx,
-                 tid, warp, lane):
-    """The passes path: launch ``phase`` (0: count, 1: place) of ``_passes_grid()`` blocks of
-    ``THREADS`` threads; the grid and the split of the entries are the same in both launches.
-    Block ``b`` owns the flat entries ``[b * chunk, (b + 1) * chunk)`` (``_passes_chunk``), its
-    warp ``w`` the ``w``-th contiguous piece of them (a multiple of 32 long), so the order of
-    (block, warp, position in piece) is the flat order.
+def _cooperative_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+                      expert_end, num_tokens_per_expert, scratch, max_grid, num_topk, alignment, num_elements, num_rows,
+                      num_experts, bx, tid, warp, lane):
+    """The cooperative path: ``_cooperative_grid()`` blocks of ``THREADS`` threads, all
+    resident (a cooperative launch).  Block ``b`` owns the flat entries
+    ``[b * chunk, (b + 1) * chunk)`` (``_cooperative_chunk``), its warp ``w`` the ``w``-th
+    contiguous piece of them (a multiple of 32 long), so the order of (block, warp, position in
+    piece) is the flat order.
 
-    Both launches first count: each warp walks its piece ``STEP`` entries at a time
-    (``UNROLL`` coalesced 8-byte loads per lane in flight) and adds each routed entry to its own
-    row of the shared histogram ``hist[warp][expert]``; the ids of the first step stay in
-    registers.  Thread ``e`` then turns column ``e`` into exclusive prefix sums over the warps,
-    its total being the block's count of expert ``e``.
+    Count: each warp walks its piece ``STEP`` entries at a time (``UNROLL`` coalesced 8-byte
+    loads per lane in flight) and adds each routed entry to its own row of the shared histogram
+    ``hist[warp][expert]``; the ids of the first step stay in registers.  Thread ``e`` turns
+    column ``e`` into exclusive prefix sums over the warps and writes its total, the block's
+    count of ``e``, to ``scratch[e * blocks + b]`` (every element: the scratch needs no
+    zeroing).
 
-    Launch 0 writes that count to ``scratch[e * blocks + b]`` (every element: the scratch
-    needs no zeroing) and ends.  Launch 1 waited for launch 0 to complete (the
-    programmatic-dependent-launch wait at the kernel's start: ``griddepcontrol.wait`` returns
-    once the previous grid has completed and its writes are visible); it sums the counts
-    (``_sum_counts``: ``c[e]`` and the count in earlier blocks), scans ``a`` (``start``), keeps
-    ``base[e] = start[e]`` + the count in earlier blocks, and places its pieces in flat order
+    Exchange: the grid-wide barrier (``T.sync_grid()``: release and acquire at GPU scope), then
+    ``_sum_counts`` gives ``c[e]`` and the count in earlier blocks, a block-wide scan of ``a``
+    gives ``start``, and ``base[e] = start[e]`` + the count in earlier blocks.
+
+    Place: each warp walks its piece again (the first step from registers) in flat order
     (``__match_any_sync`` per group of 32 over the warp's running count, as ``_place_step``);
     the grid shares the padding rows, block 0 writes the per-expert outputs."""
     nblocks = T.alloc_var(T.int32)  # the grid (the launch computes the same expression)
-    nblocks = _passes_grid(num_elements, num_experts)
+    nblocks = _cooperative_grid(num_elements, num_experts, max_grid)
     chunk = T.alloc_var(T.int32)
-    chunk = _passes_chunk(num_elements, num_experts)
+    chunk = _cooperative_chunk(num_elements, num_experts, max_grid)
 
     hist = T.alloc_shared((WARPS * MAX_EXPERTS,), T.int32)  # [warp][expert]
     totals = T.alloc_shared((WARPS,), T.int32)  # the scan's per-warp totals, then sum(a)
@@ -446,8 +447,6 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
         for u in T.unroll(UNROLL):
             experts[u] = _expert_of(values[u], num_experts)
         _count_step(hist, experts, warp)
-    if phase != 0:
-        _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
     T.sync_threads()
 
     # column e -> exclusive prefix over the block's warps; `acc` the block's count of e
@@ -457,35 +456,35 @@ def _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token
             cnt = hist[w * MAX_EXPERTS + tid]
             hist[w * MAX_EXPERTS + tid] = acc
             acc = acc + cnt
-    if phase == 0:
-        if tid < num_experts:
-            scratch[tid * nblocks + bx] = acc
-    else:
-        lv[0] = 0
-        if tid < num_experts:
-            lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
-        _aligned_scan(lv, totals, 0, warp, lane)
-        if tid < num_experts:
-            start_of[tid] = lv[1]
-            aligned_of[tid] = lv[0]
-            base_of[tid] = lv[1] + before_of[tid]
-            if bx == 0:
-                expert_start[tid] = lv[1]
-                expert_end[tid] = lv[1] + lv[0]
-                num_tokens_per_expert[tid] = lv[0]
-        T.sync_threads()
+        scratch[tid * nblocks + bx] = acc
+    T.sync_grid()  # every block's counts are in the scratch (a cooperative launch: all blocks resident)
+    _sum_counts(scratch, count_of, before_of, parts, sums, nblocks, bx, warp, lane, num_experts)
+    T.sync_threads()
+    lv[0] = 0
+    if tid < num_experts:
+        lv[0] = T.ceildiv(count_of[tid], alignment) * alignment
+    _aligned_scan(lv, totals, 0, warp, lane)
+    if tid < num_experts:
+        start_of[tid] = lv[1]
+        aligned_of[tid] = lv[0]
+        base_of[tid] = lv[1] + before_of[tid]
+        if bx == 0:
+            expert_start[tid] = lv[1]
+            expert_end[tid] = lv[1] + lv[0]
+            num_tokens_per_expert[tid] = lv[0]
+    T.sync_threads()
 
-        # place this warp's piece, in flat order within each expert
-        lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
-        _start_token(token, begin + lane, num_topk)
-        for s in T.serial(steps):
-            _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
-            _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts,
-                        token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
+    # place this warp's piece, in flat order within each expert
+    lanes_below = T.Cast("uint32", (T.Cast("int64", 1) << T.Cast("int64", lane)) - 1)
+    _start_token(token, begin + lane, num_topk)
+    for s in T.serial(steps):
+        _step_ids(topk_idx, values, kept, experts, begin, end, lane, num_experts, s)
+        _place_step((pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos), hist, base_of, experts,
+                    token, begin, end, warp, lane, lanes_below, num_topk, num_rows, s)
 
-        # padding rows, over the whole grid
-        _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of, totals[WARPS - 1],
-             bx * WARPS + warp, nblocks * WARPS, bx * THREADS + tid, nblocks * THREADS, lane, num_experts, num_rows, lv)
+    # padding rows, over the whole grid
+    _pad((pos_to_expert, pos_to_token, pos_to_token_topk), start_of, count_of, aligned_of, totals[WARPS - 1],
+         bx * WARPS + warp, nblocks * WARPS, bx * THREADS + tid, nblocks * THREADS, lane, num_experts, num_rows, lv)
 
 
 def get_fused_mapping_kernel(path):
@@ -496,7 +495,11 @@ def get_fused_mapping_kernel(path):
     num_experts = T.dynamic("num_experts")
     num_counts = T.dynamic("num_counts")
     blocks = path == "blocks"
-    grid = _blocks_grid(num_rows, num_elements) if blocks else _passes_grid(num_elements, num_experts)
+
+    def grid(max_grid):  # of the kernel's parameter max_grid (unused by the blocks path)
+        if blocks:
+            return _blocks_grid(num_rows, num_elements)
+        return _cooperative_grid(num_elements, num_experts, max_grid)
 
     @T.prim_func
     def get_fused_mapping(
@@ -511,18 +514,18 @@ def get_fused_mapping_kernel(path):
         scratch: T.Tensor[(num_counts,), T.int32],
         num_topk: T.int32,
         alignment: T.int32,
-        phase: T.int32,
+        max_grid: T.int32,
     ):
-        with T.Kernel(grid, threads=THREADS) as bx:
-            wait_for_previous_grid()  # programmatic dependent launch: launch 1 waits for launch 0 here
+        with T.Kernel(grid(max_grid), threads=THREADS) as bx:
+            wait_for_previous_grid()
             tid = T.get_thread_binding()
             if blocks:
                 _blocks_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
                              expert_end, num_tokens_per_expert, num_topk, alignment, num_elements, num_rows,
                              num_experts, bx, tid, tid // 32, tid % 32)
             else:
-                _passes_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
-                             expert_end, num_tokens_per_expert, scratch, phase, num_topk, alignment, num_elements,
-                             num_rows, num_experts, bx, tid, tid // 32, tid % 32)
+                _cooperative_body(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
+                                  expert_start, expert_end, num_tokens_per_expert, scratch, max_grid, num_topk,
+                                  alignment, num_elements, num_rows, num_experts, bx, tid, tid // 32, tid % 32)
 
     return get_fused_mapping
