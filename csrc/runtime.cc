@@ -859,9 +859,9 @@ thread_local LastLaunch t_last;
 // grid itself (griddepcontrol.wait before any memory access) is launched as that grid's
 // programmatic dependent: its blocks may start while the previous grid drains, and in
 // a CUDA graph the gap between the two shrinks. A kernel built for thread-block clusters
-// gets its cluster shape as a launch attribute, one that synchronizes its grid the cooperative
-// attribute (the driver refuses the launch when its blocks cannot all be resident at once).
-// Otherwise it launches plainly.
+// gets its cluster shape as a launch attribute. A kernel that synchronizes its whole grid gets
+// the cooperative attribute (the driver refuses the launch when its blocks cannot all be
+// resident at once). Otherwise it launches plainly.
 cu::CUresult issue(const cu::Driver* d, KernelEntry* e, const Geometry& g, cu::CUstream stream, void** params,
                    bool dependent) {
   auto f = reinterpret_cast<cu::CUfunction>(e->kernel.load(std::memory_order_relaxed));

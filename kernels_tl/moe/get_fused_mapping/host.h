@@ -18,7 +18,7 @@ constexpr int64_t kMaxRows = (int64_t{1} << 31) - (int64_t{1} << 18);
 struct Plan {
   int64_t num_tokens, num_topk, num_elements, num_experts, rows;
   bool cooperative;  // the cooperative kernel (else the grid of independent blocks)
-  int64_t max_grid;  // the cooperative launch's most blocks: one resident block per SM
+  int64_t max_grid;  // the cooperative launch's most blocks: one resident block per SM (0 otherwise)
 };
 
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
@@ -62,9 +62,12 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   const bool sync = a.num_expanded_tokens == 0 && !a.force_no_sync;
   p.rows = sync ? bound / a.alignment * a.alignment : a.num_expanded_tokens;
   p.cooperative = p.num_elements > kSmallEntries;
-  const int sms = plan_sm_count(op, a.topk_idx.device);
-  if (sms < 0) return false;  // the device query failed (error set)
-  p.max_grid = std::min<int64_t>(kMaxGrid, sms);  // the kernel's shared memory allows one block per SM
+  p.max_grid = 0;
+  if (p.cooperative) {  // the blocks path's grid does not depend on the device
+    const int sms = plan_sm_count(op, a.topk_idx.device);
+    if (sms < 0) return false;  // the device query failed (error set)
+    p.max_grid = std::min<int64_t>(kMaxGrid, sms);  // the kernel's shared memory allows one block per SM
+  }
   c.path = p.cooperative ? "cooperative" : "blocks";
   return true;
 }
