@@ -46,8 +46,10 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.input_mixes_grad, F32, {p.num_tokens, p.mult3});
   dense_output(s.mhc_scale_grad, F32, {3});
   dense_output(s.mhc_base_grad, F32, {p.mult3});
-  // the blocks kernel's partial sums, written by launch 0 before launch 1 reads them
-  dense_output(s.scratch, F32, {p.cluster ? 0 : kBlocks * 2 * p.mult3});
+  // the blocks kernel's partial sums, written by launch 0 before launch 1 reads them; the
+  // cluster kernel has none (skipped: no tensor is made for it)
+  dense_output(s.scratch, F32, {kBlocks * 2 * p.mult3});
+  s.scratch.skip = p.cluster;
 }
 
 // zero tokens still launch: the scale and base gradients are then zeros

@@ -81,8 +81,10 @@ inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.expert_end, I32, {p.num_experts});
   dense_output(s.num_tokens_per_expert, I32, {p.num_experts});
   // the cooperative path's per-block counts, [expert][block] (every element written before the
-  // kernel's grid-wide barrier, read after it); none for the blocks path
-  dense_output(s.scratch, I32, {p.cooperative ? p.num_experts * most_blocks(p.num_experts) : 0});
+  // kernel's grid-wide barrier, read after it); the blocks path has none (skipped: no tensor is
+  // made for it, so a call given every output allocates nothing)
+  dense_output(s.scratch, I32, {p.num_experts * most_blocks(p.num_experts)});
+  s.scratch.skip = !p.cooperative;
 }
 
 // Every output element is written by the kernel: a launch whenever there is one.
