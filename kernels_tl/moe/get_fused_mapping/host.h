@@ -31,7 +31,7 @@ constexpr int64_t kSmallEntries = 8192;
 // cooperative launch needs every block resident, and the driver refuses one that cannot be), and
 // the scratch holds the counts of min(MAX_GRID, ...) blocks for every expert.
 constexpr int64_t kMaxGrid = 128;
-constexpr int64_t kScratchBudget = 16384;
+constexpr int64_t kScratchBudget = 32768;
 
 inline int64_t most_blocks(int64_t num_experts) {
   return std::min<int64_t>(std::max<int64_t>(kScratchBudget / std::max<int64_t>(num_experts, 1), 1), kMaxGrid);

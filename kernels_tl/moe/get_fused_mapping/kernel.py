@@ -61,9 +61,9 @@ UNROLL = 8  # cooperative path: loads in flight per lane (64 KiB per block)
 STEP = 32 * UNROLL  # cooperative path: entries a warp takes per step
 # cooperative path: at most this many blocks (one wave of full-SM blocks on a 132- or 148-SM part) ...
 MAX_GRID = 128
-# ... and at most this many counts (blocks x experts) for each placing block to sum (64 KiB
-# from L2): 128 blocks up to 128 experts, 64 at 256, 16 at 1024
-SCRATCH_BUDGET = 16384
+# ... and at most this many counts (blocks x experts) for each block to sum (128 KiB
+# from L2): 128 blocks up to 256 experts, 32 at 1024
+SCRATCH_BUDGET = 32768
 EXPERT_UNROLL = 4  # cooperative path: experts per warp whose counts are in flight together
 # Barriers are placed by hand (warp-private histogram rows need only __syncwarp).
 # Every access is guarded by the kernel's own bounds (loads below `end`, rows below `num_rows`),

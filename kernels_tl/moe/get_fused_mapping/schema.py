@@ -94,7 +94,7 @@ SCHEMA = Schema(
             # the cooperative path's per-block counts [expert][block] (host.h: num_experts x the grid's most
             # blocks; none for the blocks path), written before the grid-wide barrier, read after it
             scratch=[Out("scratch", dtype="'int32'",
-                         shape="[num_experts * max(min(16384 // max(num_experts, 1), 128), 1) "
+                         shape="[num_experts * max(min(32768 // max(num_experts, 1), 128), 1) "
                                "if topk_idx.shape[0] * topk_idx.shape[1] > 8192 else 0]")],
             returns=["pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
                      "expert_end", "num_tokens_per_expert"],
