@@ -63,15 +63,15 @@ SAMPLES = [
     _routed("cooperative path: most warps empty, long padding tail", 1500, 6, 32, 16, 200000, unrouted=0.1),
     # the cooperative path's own cases: every entry one expert (each chunk and warp boundary lies inside
     # its run); the fewest entries (8200: 86 blocks of 96, the last with 40, 8 of them in its second
-    # warp); 1024 experts at 20000 x 8 entries (16 blocks, the most at 1024 experts; warp pieces of
+    # warp); 1024 experts at 40000 x 8 entries (32 blocks, the most at 1024 experts; warp pieces of
     # 320 entries: two steps, the second re-read); 122880 entries over 4 experts (MAX_GRID blocks:
     # 128 of 960 entries)
     _drawn("cooperative path: one expert takes every entry", 3000, 4, 3, 16, 1, "T * 4 + 3 * 15", high=2),
     _drawn("cooperative path: 8200 entries (the fewest), 40 experts", 1025, 8, 40, 8, -1, "T * 8 + 40 * 7"),
-    _drawn("cooperative path: 1024 experts, two steps per warp", 20000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
+    _drawn("cooperative path: 1024 experts, two steps per warp", 40000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
     _routed("cooperative path: the most blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
-    # the MoE layer's no-sync call (tile_kernels_aot.moe_layer at 8192 tokens): 64 blocks of 1024
-    # entries (the grid capped by 16384 // 256)
+    # the MoE layer's no-sync call (tile_kernels_aot.moe_layer at 8192 tokens): 128 blocks of 512
+    # entries (32768 // 256 = 128, the grid's cap)
     _routed("MoE layer: 256 experts, alignment 16, no-sync rows at the bound", 8192, 8, 256, 16, "T * 8 + 256 * 15"),
 ]
 
