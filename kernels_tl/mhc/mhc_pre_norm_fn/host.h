@@ -85,10 +85,11 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
 }
 
 // scratch `partials`: 2 records of 128 * (M3 + 1) floats per 128 tokens (the split layout's;
-// allocated for every call, as the schema declares it, and unused by the other layouts)
+// skipped by the other layouts: no memory or tensor is made for it)
 inline void outputs(const Args&, const Plan& p, OutSpecs& s) {
   dense_output(s.out, F32, {p.num_tokens, p.rows});
   dense_output(s.partials, F32, {(p.num_tokens + 127) / 128 * 256 * (p.rows + 1)});
+  s.partials.skip = p.splits == 1;
 }
 
 // the split layout: launch 0 the clusters' subtree sums into `partials`, launch 1 adds them

@@ -57,10 +57,12 @@ inline bool needs_launch(const HistogramPlan& p) { return p.num_groups > 0; }
 // One launch (one block) up to kSingleMax entries, else the counting launch and the reduce.
 inline int64_t launches(const HistogramPlan& p) { return p.rows > 0 ? 2 : 1; }
 
-// The [num_groups] output, then the scratch rows of the split form (an empty buffer for one launch).
+// The [num_groups] output, then the scratch rows of the split form (skipped for one launch: no
+// tensor is made, so a one-launch call given `out` allocates nothing).
 inline void histogram_outputs(const HistogramPlan& p, DType dtype, OutSpec& out, OutSpec& partial) {
   dense_output(out, dtype, {p.num_groups});
   dense_output(partial, I32, {p.rows, p.num_groups});
+  partial.skip = p.rows == 0;
 }
 
 // The kernel arguments both ops share for launch `launch`; the caller sets its output pointer and mode.
