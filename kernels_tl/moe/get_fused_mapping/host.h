@@ -24,7 +24,7 @@ struct Plan {
 // Entries up to which the plain grid of independent blocks serves the call (kernel.py:
 // SMALL_ENTRIES; kernel_args checks it against the kernel's constant); above, the cooperative
 // kernel.
-constexpr int64_t kSmallEntries = 8192;
+constexpr int64_t kSmallEntries = 4096;
 // The cooperative path's most blocks and its budget of per-block counts (kernel.py: MAX_GRID,
 // SCRATCH_BUDGET; checked in kernel_args): the grid is at most
 // min(MAX_GRID, SMs, max(SCRATCH_BUDGET / num_experts, 1)) blocks (one resident block per SM: a

@@ -17,7 +17,7 @@ Two kernels (the static key ``path``; the host picks one per call from the entry
 
 ``path="blocks"`` (at most ``SMALL_ENTRIES`` entries): a plain grid of up to ``MAX_BLOCKS``
 independent blocks of ``THREADS`` threads, one per ``ROWS_PER_BLOCK`` rows and entries.
-Every block reads all entries (at most 64 KiB) and computes the whole layout itself, so the
+Every block reads all entries (at most 32 KiB) and computes the whole layout itself, so the
 blocks never exchange anything (no cluster, no barrier between blocks, no global workspace);
 block ``b`` then places the warp chunks ``w`` with ``w % blocks == b`` and writes its share of
 the padding rows.  Warp ``w`` owns the ``w``-th of ``WARPS`` contiguous chunks of entries (at
@@ -53,7 +53,7 @@ PATHS = ("blocks", "cooperative")
 THREADS = 1024
 WARPS = THREADS // 32
 MAX_EXPERTS = THREADS  # thread e owns expert e in the offsets step
-SMALL_ENTRIES = 8192  # blocks path: the most entries (every block reads them all: 64 KiB)
+SMALL_ENTRIES = 4096  # blocks path: the most entries (every block reads them all: 32 KiB)
 SMALL_GROUPS = SMALL_ENTRIES // THREADS  # blocks path: groups of 32 per warp chunk, at most
 ROWS_PER_BLOCK = 2048  # blocks path: one block per this many rows + entries ...
 MAX_BLOCKS = 32  # ... up to this many (a warp chunk each at most)

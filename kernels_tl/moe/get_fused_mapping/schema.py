@@ -1,5 +1,5 @@
 """moe.get_fused_mapping: two kernels, picked per call by the entry count (``path``: "blocks", a
-plain grid of independent blocks, up to 8192 entries; "cooperative", above: one cooperative
+plain grid of independent blocks, up to 4096 entries; "cooperative", above: one cooperative
 launch whose blocks exchange per-block counts through a scratch buffer at a grid-wide barrier);
 the token count, top-k, expert count (up to 1024), alignment and row count are run-time values.
 The public function is a Python wrapper (``tile_kernels_aot.wrappers.get_fused_mapping``) that
@@ -51,23 +51,25 @@ SAMPLES = [
     _routed("320000 entries, 64 experts", 40000, 8, 64, 16, unrouted=0.1),
     _drawn("1024 experts (the most), repeats and -1", 3000, 6, 1024, 16, -1, "T * 6 + 1024 * 15"),
     _drawn("negative entries, 36 experts, top-7", 3000, 7, 36, 16, -4, "T * 7 + 36 * 15"),
-    _drawn("force_no_sync, nothing routed, 8 experts", 500, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),
-    # the blocks path (up to 8192 entries) at its limits, and the cooperative path with nothing routed
-    _drawn("blocks path: 8192 entries (the most), 1024 experts, repeats and -1", 1024, 8, 1024, 16, -1,
+    _drawn("force_no_sync, nothing routed, 8 experts", 400, 8, 8, 16, -1, 0, high=0, kwargs={"force_no_sync": True}),
+    # the blocks path (up to 4096 entries) at its limits, and the cooperative path with nothing routed
+    _drawn("blocks path: 4096 entries (the most), 1024 experts, repeats and -1", 512, 8, 1024, 16, -1,
            "T * 8 + 1024 * 15"),
-    _drawn("blocks path: top-40 (token advance past 32), negative entries", 150, 40, 36, 16, -4, "T * 40 + 36 * 15"),
-    _routed("blocks path: exact rows (no padding tail)", 700, 8, 32, 64, exact=True, unrouted=0.2),
+    _drawn("blocks path: top-40 (token advance past 32), negative entries", 102, 40, 36, 16, -4, "T * 40 + 36 * 15"),
+    _routed("blocks path: exact rows (no padding tail)", 500, 8, 32, 64, exact=True, unrouted=0.2),
     _drawn("cooperative path, force_no_sync, no rows", 2000, 8, 8, 16, -1, 0, high=0,
            kwargs={"force_no_sync": True}),
     # 9000 entries: 94 blocks of 96 entries, one group of 32 in 3 warps of each, 29 empty warps
     _routed("cooperative path: most warps empty, long padding tail", 1500, 6, 32, 16, 200000, unrouted=0.1),
     # the cooperative path's own cases: every entry one expert (each chunk and warp boundary lies inside
-    # its run); the fewest entries (8200: 86 blocks of 96, the last with 40, 8 of them in its second
-    # warp); 1024 experts at 40000 x 8 entries (32 blocks, the most at 1024 experts; warp pieces of
-    # 320 entries: two steps, the second re-read); 122880 entries over 4 experts (MAX_GRID blocks:
-    # 128 of 960 entries)
+    # its run); the fewest entries (4104: 65 blocks of 64, the last with 8); 8200 entries (86 blocks of
+    # 96, the last with 40, 8 of them in its second warp); 1024 experts at 40000 x 8 entries (32 blocks,
+    # the most at 1024 experts; warp pieces of 320 entries: two steps, the second re-read); 122880
+    # entries over 4 experts (MAX_GRID blocks: 128 of 960 entries)
     _drawn("cooperative path: one expert takes every entry", 3000, 4, 3, 16, 1, "T * 4 + 3 * 15", high=2),
-    _drawn("cooperative path: 8200 entries (the fewest), 40 experts", 1025, 8, 40, 8, -1, "T * 8 + 40 * 7"),
+    _drawn("cooperative path: 4104 entries (the fewest), 40 experts", 513, 8, 40, 8, -1, "T * 8 + 40 * 7"),
+    _drawn("cooperative path: 8200 entries, 40 experts, the last block's second warp", 1025, 8, 40, 8, -1,
+           "T * 8 + 40 * 7"),
     _drawn("cooperative path: 1024 experts, two steps per warp", 40000, 8, 1024, 16, -1, "T * 8 + 1024 * 15"),
     _routed("cooperative path: the most blocks, 4 experts, top-2", 61440, 2, 4, 64, exact=True, unrouted=0.3),
     # the MoE layer's no-sync call (tile_kernels_aot.moe_layer at 8192 tokens): 128 blocks of 512
@@ -95,7 +97,7 @@ SCHEMA = Schema(
             # blocks; none for the blocks path), written before the grid-wide barrier, read after it
             scratch=[Out("scratch", dtype="'int32'",
                          shape="[num_experts * max(min(32768 // max(num_experts, 1), 128), 1) "
-                               "if topk_idx.shape[0] * topk_idx.shape[1] > 8192 else 0]")],
+                               "if topk_idx.shape[0] * topk_idx.shape[1] > 4096 else 0]")],
             returns=["pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
                      "expert_end", "num_tokens_per_expert"],
             dims=[("rows", _ROWS)],
