@@ -13,6 +13,15 @@ struct Plan {
   int64_t sms;  // the device's SM count (the persistent grid's unit)
 };
 
+// Blocks per stream: one block per SM, every block with a token.
+inline int64_t groups(const Plan& p) {
+  return std::min<int64_t>(p.num_tokens, std::max<int64_t>(1, p.sms / p.hc_mult));
+}
+
+// Up to this many tokens per block the "small" layout serves the call (fewer, longer stages;
+// every table H gives it at least 8 warps, so each warp has one token or none).
+constexpr int64_t kSmallTokensPerGroup = 8;
+
 inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   p.num_tokens = a.hidden_states.shape[0];
   p.hc_mult = a.hidden_states.shape[1];
@@ -44,6 +53,7 @@ inline bool plan(const char* op, const Args& a, Plan& p, Config& c) {
   if (p.sms < 0) return false;  // the device query failed (error set)
   c.hc_mult = p.hc_mult;
   c.hidden = p.hidden;
+  c.batch = p.num_tokens <= groups(p) * kSmallTokensPerGroup ? "small" : "large";
   return true;
 }
 
@@ -72,8 +82,7 @@ inline bool kernel_args(const char*, const Args& a, const Plan& p, const Constan
   k.rstd_x = o.rstd_x.data;
   k.rstd_k = o.rstd_k.data;
   k.num_tokens = p.num_tokens;
-  // hc blocks (one per stream) per group, one block per SM, every block with a token
-  k.num_groups = std::min<int64_t>(p.num_tokens, std::max<int64_t>(1, p.sms / p.hc_mult));
+  k.num_groups = groups(p);  // hc blocks (one per stream) per group
   // strides of size-1 dims are free: give them an aligned value
   k.k_stride_t = p.num_tokens > 1 ? a.k.stride[0] : p.hc_mult * p.hidden;
   k.k_stride_c = p.hc_mult > 1 ? a.k.stride[1] : p.hidden;

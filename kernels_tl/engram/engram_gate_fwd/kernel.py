@@ -46,9 +46,13 @@ same order).
 
 ``RING`` divides ``2 * stages``, so every stage's slot is static.  Shared memory is
 ``4 * H + WARPS * (2 * H + RING * CHUNK * 512)`` bytes (226 KB at H 7168: 11 warps of 18 KB
-beside 28 KB of w).  ``_layout`` takes the largest ring (up to ``RING_PIECES`` pieces per lane),
-then the largest chunk: CHUNK 4, RING 2 (2 KB stages) at every table H but 2560 (CHUNK 1,
-RING 5).  Tokens, strides, ``num_groups``, eps, clamp_value and save_for_backward
+beside 28 KB of w).  Two layouts per H (the static key ``batch``; the host takes "small" when
+every block has at most 8 tokens, ``T <= 8 * num_groups``, one per warp or none):
+"large" takes the largest ring (up to ``RING_PIECES`` pieces per lane), then the largest chunk:
+CHUNK 4, RING 2 (2 KB stages) at every table H but 2560 (CHUNK 1, RING 5); "small" takes a ring
+of 2 of the largest chunk up to ``SMALL_CHUNK`` pieces that leaves 2 stages or more (CHUNK 7,
+RING 2 at H 7168: 3.5 KB stages, 9 warps), so a lone token's row arrives in fewer, longer
+stages.  Tokens, strides, ``num_groups``, eps, clamp_value and save_for_backward
 (``saved_rows``: T or 0) are run-time values; ``hc`` and ``H`` are static.  Element offsets are
 64-bit.
 """
@@ -64,6 +68,8 @@ SPAN = WARP * PIECE  # elements of a row one warp covers per step
 RING_PIECES = 8  # 16-byte pieces per lane in the k/v ring (4 KB per warp)
 SMEM_PER_BLOCK = 227 * 1024  # the most one block may have (one block per SM)
 MAX_WARPS = 16  # register file: 128 registers per thread at 16 warps
+BATCHES = ("large", "small")  # the static key batch: the host's choice by tokens per block
+SMALL_CHUNK = 8  # batch "small": the most pieces per lane in a stage
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True,
                 # shared memory is written by cp.async (unseen by TileLang); each lane reads only
                 # the row slots it filled itself, and w after the one explicit barrier
@@ -72,12 +78,17 @@ PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": Tru
                 "tl.disable_safe_memory_legalize": True}
 
 
-def _layout(hidden):
+def _layout(hidden, batch):
     """(steps, chunk, stages, ring): ``chunk`` steps per stage, ``ring`` slots, ``ring``
-    dividing ``2 * stages`` and at most ``stages``; the most ring pieces (up to
-    RING_PIECES), then the larger chunk."""
+    dividing ``2 * stages`` and at most ``stages``.  "large": the most ring pieces (up to
+    RING_PIECES), then the larger chunk.  "small": a ring of 2 of the largest chunk up to
+    SMALL_CHUNK that leaves at least 2 stages (fewer, longer stages: a lone token's row
+    arrives in fewer round trips)."""
     assert hidden % SPAN == 0, "hidden must be a multiple of 256"
     steps = hidden // SPAN
+    if batch == "small" and steps >= 2:
+        chunk = max(c for c in range(1, min(SMALL_CHUNK, steps // 2) + 1) if steps % c == 0)
+        return steps, chunk, steps // chunk, 2
     best = None
     for chunk in (1, 2, 4):
         if steps % chunk:
@@ -90,24 +101,26 @@ def _layout(hidden):
     return best[1]
 
 
-def _warps(hidden):
+def _warps(hidden, batch):
     """Warps per block: one block per SM, as many warps as shared memory holds beside w."""
-    steps, chunk, _, ring = _layout(hidden)
+    steps, chunk, _, ring = _layout(hidden, batch)
     per_warp = (steps + ring * chunk) * WARP * PIECE * 2
     return min(MAX_WARPS, (SMEM_PER_BLOCK - 4 * hidden) // per_warp)
 
 
-def host_constants(hc_mult, hidden):
-    return {"threads": _warps(hidden) * WARP}
+def host_constants(hc_mult, hidden, batch):
+    return {"threads": _warps(hidden, batch) * WARP}
 
 
 def _f32(value):
     return T.cast(value, T.float32)
 
 
-def engram_gate_fwd_kernel(hc_mult, hidden):
-    steps, chunk, stages, ring = _layout(hidden)
-    warps = _warps(hidden)
+def engram_gate_fwd_kernel(hc_mult, hidden, batch):
+    if batch not in BATCHES:
+        raise ValueError(f"engram.engram_gate_fwd: batch must be one of {BATCHES}, got {batch!r}")
+    steps, chunk, stages, ring = _layout(hidden, batch)
+    warps = _warps(hidden, batch)
     assert warps >= 1, "a warp's rows and w must fit in shared memory"
     assert ring <= cp_async.MAX_GROUPS
     pieces = hidden // PIECE

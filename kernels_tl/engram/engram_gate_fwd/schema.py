@@ -1,4 +1,5 @@
-"""engram.engram_gate_fwd: one kernel per (hc_mult, hidden); tokens, strides, eps,
+"""engram.engram_gate_fwd: two kernels per (hc_mult, hidden) (``batch``: the host takes "small",
+fewer and longer stages, up to 8 tokens per block, and "large" above); tokens, strides, eps,
 clamp_value and save_for_backward are run-time values."""
 
 from kernels_tl.schema import Bool, Float, Op, Out, Param, Randn, Sample, Schema, Tensor
@@ -21,7 +22,7 @@ def _sample(name, tokens, hidden, hc=4, save=True, clamp=CLAMP, eps=EPS):
 SAVED = "[hidden_states.shape[0], hidden_states.shape[1]] if save_for_backward else None"
 
 SCHEMA = Schema(
-    static=("hc_mult", "hidden"),
+    static=("hc_mult", "hidden", "batch"),
     ops=[
         Op(
             module="engram",
@@ -51,8 +52,21 @@ SCHEMA = Schema(
                 _sample("hidden=2560 (one-step stages, ring of 5)", 1000, 2560),
                 _sample("hidden=4096", 1000, 4096),
                 _sample("hidden=4096, inference", 1000, 4096, save=False),
+                _sample("hidden=3072", 1000, 3072),
+                _sample("hidden=5120", 1000, 5120),
+                _sample("hidden=6144", 1000, 6144),
                 _sample("clamp=0.3 (active)", 1000, 2048, clamp=0.3),
                 _sample("eps=1e-6", 300, 4096, eps=1e-6),
+                # the small layout at every table H (CHUNK 4 / 5 / 6 / 8 / 5 / 8 at 2048 .. 6144), and
+                # both sides of the host's choice on a 132-SM part (33 groups: 264 tokens small, 265 large)
+                _sample("decode, hidden=2048", 64, 2048),
+                _sample("decode, hidden=2560", 64, 2560),
+                _sample("decode, hidden=3072", 64, 3072),
+                _sample("decode, hidden=4096, inference", 64, 4096, save=False),
+                _sample("decode, hidden=5120", 64, 5120),
+                _sample("decode, hidden=6144", 64, 6144),
+                _sample("264 tokens (the small layout's most on 132 SMs)", 264, 7168),
+                _sample("265 tokens (the large layout's fewest on 132 SMs)", 265, 7168),
             ],
             doc=("engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward=True) -> "
                  "(output, dot, gate_score, rstd_x, rstd_k): output [T, hc, H] bf16 = x + gate * v with "
